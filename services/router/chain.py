@@ -1,0 +1,209 @@
+"""The lossless multi-level cycle over a running batch (design.md sections 3 and 4).
+
+For a chain [M1, ..., Mn] (Mn the target) and window W, one cycle is:
+1. draft:   M1 samples W tokens per row and keeps the rows it drew them from;
+2. verify:  each Mj (j = 2..n) checks the proposal handed up by M(j-1) and hands up its accepted
+            prefix plus one recovered or bonus token, with its own rows;
+3. emit:    the target's accepted prefix plus its token are emitted; nothing else ever is, so every
+            emitted token has been verified by the target;
+4. rollback: each model keeps in its state only the emitted prefix; what it must drop is sent with its
+            next call, together with the emitted tokens it has not yet seen (catch-up);
+5. stop:    EOS and max_new_tokens are applied to the emitted tokens; tokens after a stop are dropped.
+A chain of the target alone is plain decoding through the same code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from specrouter.router.workers import Worker
+from specrouter.worker.engine import RowStep, StepResult, VerifyRow
+from specrouter.worker.sampling import SamplingParams
+
+FINISH_STOP = "stop"      # EOS or a stop sequence
+FINISH_LENGTH = "length"  # max_new_tokens or the context
+
+
+@dataclass
+class Row:
+    """One request in the running batch."""
+
+    row_id: str
+    tokens: list[int]               # prompt + emitted
+    prompt_len: int
+    sampling: SamplingParams
+    max_new_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    cycle: int = 0
+    finish_reason: str | None = None
+    seen: dict[str, int] = field(default_factory=dict)      # per model: tokens of `tokens` in its valid cache
+    spec: dict[str, list[int]] = field(default_factory=dict)  # per model: speculative tokens in its cache
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    def step_for(self, model: str) -> tuple[int, list[int]]:
+        """(rollback, pending) for the model's next call."""
+        return len(self.spec.get(model, ())), self.tokens[self.seen[model] :]
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    chain: tuple[str, ...]
+    window: int
+    emitted: dict[str, list[int]]               # row id -> tokens emitted this cycle
+    accepted: dict[str, list[int]]              # level model -> accepted proposal tokens per row
+    proposed: dict[str, list[int]]              # level model -> proposal length per row
+    results: dict[str, StepResult]              # level model -> its step (timings)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    return sum(1 for _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a, b)))
+
+
+class ChainBatch:
+    """A running batch of rows and their state on every worker of the pool."""
+
+    def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int,
+                 state_id: str | None = None):
+        if target not in workers:
+            raise ValueError(f"target {target!r} is not among the workers {sorted(workers)}")
+        self.workers = dict(workers)
+        self.target = target
+        self.context_length = context_length
+        self.state_id = state_id or uuid.uuid4().hex
+        self.rows: dict[str, Row] = {}
+
+    # -- rows joining and leaving --------------------------------------------------------------
+
+    def add(self, rows: Sequence[Row]) -> None:
+        """Prefills new rows on every worker (all but each row's last token, which the first cycle feeds)."""
+        for row in rows:
+            if not row.tokens:
+                raise ValueError(f"row {row.row_id!r} has an empty prompt")
+            if row.row_id in self.rows:
+                raise ValueError(f"row {row.row_id!r} is already running")
+        batch = [(r.row_id, r.tokens[:-1]) for r in rows]
+        for name, worker in self.workers.items():
+            worker.prefill(self.state_id, batch)
+            for r in rows:
+                r.seen[name] = len(r.tokens) - 1
+                r.spec[name] = []
+        for r in rows:
+            self.rows[r.row_id] = r
+
+    def remove(self, row_ids: Sequence[str]) -> list[Row]:
+        """Rows leave the batch; their entries are released on every worker."""
+        gone = [self.rows.pop(r) for r in row_ids if r in self.rows]
+        if gone:
+            for worker in self.workers.values():
+                worker.release(self.state_id, [r.row_id for r in gone])
+        return gone
+
+    def release(self) -> None:
+        if self.rows:
+            self.remove(list(self.rows))
+
+    # -- the cycle -----------------------------------------------------------------------------
+
+    def step(self, chain: Sequence[str], window: int) -> CycleReport:
+        chain = tuple(chain)
+        self._check_chain(chain)
+        rows = [r for r in self.rows.values() if r.finish_reason is None]
+        if not rows:
+            raise ValueError("no running rows")
+        room = min(self.context_length - len(r.tokens) - 1 for r in rows)
+        window = max(1, min(window, room))
+        results: dict[str, StepResult] = {}
+        accepted: dict[str, list[int]] = {}
+        proposed: dict[str, list[int]] = {}
+        processed: dict[str, list[list[int]]] = {}   # per model, per row: speculative tokens it cached
+
+        if len(chain) == 1:
+            proposal = [[] for _ in rows]
+            proposal_rows = [None for _ in rows]
+        else:
+            drafter = chain[0]
+            result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows))
+            results[drafter] = result
+            proposal, proposal_rows = result.tokens, result.rows
+            processed[drafter] = [t[:-1] for t in proposal]
+
+        verifiers = chain[1:] if len(chain) > 1 else chain
+        for level, model in enumerate(verifiers, start=len(chain) - len(verifiers)):
+            hand_up = model != chain[-1]
+            steps = [
+                VerifyRow(row_id=s.row_id, pending=s.pending, sampling=s.sampling, cycle=s.cycle,
+                          rollback=s.rollback, proposal=tuple(p), proposal_rows=q)
+                for s, p, q in zip(self._steps(model, rows), proposal, proposal_rows)
+            ]
+            result = self.workers[model].verify(self.state_id, level, steps, hand_up)
+            results[model] = result
+            processed[model] = [list(p) for p in proposal]
+            accepted[model] = result.accepted
+            proposed[model] = [len(p) for p in proposal]
+            proposal, proposal_rows = result.tokens, result.rows
+
+        emitted = {r.row_id: self._emit(r, tokens) for r, tokens in zip(rows, proposal)}
+        for model, cached in processed.items():
+            for r, spec in zip(rows, cached):
+                new = emitted[r.row_id]
+                # the last emitted token stays pending for every model: its logits start the next cycle
+                keep = min(_common_prefix(spec, new), len(new) - 1)
+                r.seen[model] = len(r.tokens) - len(new) + keep
+                r.spec[model] = spec[keep:]
+        for r in rows:
+            r.cycle += 1
+        return CycleReport(chain, window, emitted, accepted, proposed, results)
+
+    def _steps(self, model: str, rows: Sequence[Row]) -> list[RowStep]:
+        steps = []
+        for r in rows:
+            rollback, pending = r.step_for(model)
+            steps.append(RowStep(row_id=r.row_id, pending=pending, sampling=r.sampling, cycle=r.cycle,
+                                 rollback=rollback))
+        return steps
+
+    def _emit(self, row: Row, tokens: Sequence[int]) -> list[int]:
+        out = []
+        for t in tokens:
+            row.tokens.append(t)
+            out.append(t)
+            if t in row.stop_token_ids:
+                row.finish_reason = FINISH_STOP
+            elif len(row.generated) >= row.max_new_tokens or len(row.tokens) >= self.context_length - 1:
+                row.finish_reason = FINISH_LENGTH
+            if row.finish_reason:
+                break
+        return out
+
+    def _check_chain(self, chain: tuple[str, ...]) -> None:
+        unknown = [m for m in chain if m not in self.workers]
+        if unknown:
+            raise ValueError(f"unknown models {unknown} in chain; the pool has {sorted(self.workers)}")
+        if not chain or chain[-1] != self.target:
+            raise ValueError(f"a chain must end at the target {self.target!r}, got {list(chain)}")
+        if len(set(chain)) != len(chain):
+            raise ValueError(f"a model appears twice in chain {list(chain)}")
+
+
+ChainChoice = Callable[[ChainBatch], tuple[Sequence[str], int]]
+
+
+def run_to_completion(batch: ChainBatch, choose: ChainChoice, on_cycle: Callable[[CycleReport], None] | None = None,
+                      ) -> dict[str, Row]:
+    """Runs cycles until every row has finished; finished rows leave the batch after each cycle."""
+    done: dict[str, Row] = {}
+    while batch.rows:
+        chain, window = choose(batch)
+        report = batch.step(chain, window)
+        if on_cycle is not None:
+            on_cycle(report)
+        finished = [r.row_id for r in batch.rows.values() if r.finish_reason is not None]
+        for row in batch.remove(finished):
+            done[row.row_id] = row
+    return done

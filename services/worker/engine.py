@@ -1,0 +1,252 @@
+"""The operations a worker performs on its model's states: prefill, draft, verify, release.
+
+Every operation names its state by an opaque id and its rows by row id; rows may be at different
+lengths. A call covers every row of its state, in any order (the state is reordered to match), and
+carries per row the rollback left over from the last cycle and the tokens the model has not seen yet
+(at least the last emitted token, more when the model sat out cycles and must catch up), so a cycle
+costs one round trip per level. Each call returns the timings of its forward passes for the profiler.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specrouter.worker import rows as wire
+from specrouter.worker.forward import ForwardTiming, ModelForward
+from specrouter.worker.sampling import BatchSampling, SamplingParams, next_token_probs, row_uniforms, sample, token_presence
+from specrouter.worker.state import MaskedKVState, StateError
+from specrouter.worker.verify import verify_proposal
+
+
+class UnknownStateError(KeyError):
+    """No state with this id (never created, released, or reclaimed after its TTL)."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    state_ttl_s: float = 600.0           # states untouched this long are reclaimed
+    compact_hole_fraction: float = 0.5   # compact a state when this fraction of its entries are holes
+
+
+@dataclass(frozen=True)
+class RowStep:
+    row_id: str
+    pending: Sequence[int]   # tokens this model has not processed yet (>= 1)
+    sampling: SamplingParams
+    cycle: int               # the row's cycle counter: with the seed, it names the row's random stream
+    rollback: int = 0        # valid entries to drop before the step
+
+
+@dataclass(frozen=True)
+class VerifyRow(RowStep):
+    proposal: Sequence[int] = ()
+    proposal_rows: torch.Tensor | None = None  # [k, vocab] the rows the proposal was drawn from; None: greedy
+
+
+@dataclass
+class StepResult:
+    tokens: list[list[int]]                  # per row: the draft, or the verified proposal (accepted + 1)
+    rows: list[torch.Tensor | None]          # per row: [len, vocab] rows handed upward, None when not asked
+    accepted: list[int] = field(default_factory=list)  # verify only: accepted proposal tokens per row
+    timings: list[ForwardTiming] = field(default_factory=list)
+
+    @property
+    def forward_ns(self) -> int:
+        return sum(t.forward_ns for t in self.timings)
+
+
+def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded tokens [B, K] and validity [B, K]."""
+    width = max((len(s) for s in seqs), default=0)
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    valid = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+        valid[i, : len(s)] = True
+    return tokens.to(device), valid.to(device)
+
+
+class WorkerEngine:
+    def __init__(self, name: str, forward: ModelForward, settings: EngineSettings = EngineSettings()):
+        self.name = name
+        self.forward = forward
+        self.settings = settings
+        self.vocab = forward.vocab_size
+        self._states: dict[str, MaskedKVState] = {}
+        self._lock = threading.Lock()
+
+    # -- states -----------------------------------------------------------------------------------
+
+    def state_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._states)
+
+    def state(self, state_id: str) -> MaskedKVState:
+        state = self._states.get(state_id)
+        if state is None:
+            raise UnknownStateError(f"worker {self.name!r} has no state {state_id!r} (released, expired or never prefilled)")
+        state.last_used = time.monotonic()
+        return state
+
+    def reclaim_expired(self, now: float | None = None) -> list[str]:
+        """Drops states not touched for `state_ttl_s`; returns their ids."""
+        with self._lock:
+            return self._drop_expired(time.monotonic() if now is None else now)
+
+    def _drop_expired(self, now: float) -> list[str]:
+        expired = [s for s, st in self._states.items() if now - st.last_used > self.settings.state_ttl_s]
+        for s in expired:
+            del self._states[s]
+        return expired
+
+    def release(self, state_id: str, row_ids: Sequence[str] | None = None) -> None:
+        """Releases a whole state, or only some of its rows (requests leaving the batch)."""
+        with self._lock:
+            state = self.state(state_id)
+            if row_ids is None or set(row_ids) >= set(state.row_ids):
+                del self._states[state_id]
+                return
+            state.select([r for r in state.row_ids if r not in set(row_ids)])
+
+    # -- operations -------------------------------------------------------------------------------
+
+    def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]]) -> StepResult:
+        """Processes each row's tokens; creates the state, or joins the rows to it."""
+        with self._lock:
+            self._drop_expired(time.monotonic())
+            ids = [r for r, _ in rows]
+            if len(set(ids)) != len(ids):
+                raise StateError(f"duplicate row ids in prefill: {ids}")
+            self._check_context([len(t) for _, t in rows])
+            fresh = self.forward.empty_state(ids)
+            tokens, valid = _pad([t for _, t in rows], self.forward.device)
+            timings = []
+            if tokens.shape[1]:
+                _, timing = self.forward(fresh, tokens, valid)
+                timings.append(timing)
+            if state_id in self._states:
+                self._states[state_id].join(fresh)
+                self._states[state_id].last_used = time.monotonic()
+            else:
+                self._states[state_id] = fresh
+            return StepResult(tokens=[[] for _ in ids], rows=[None] * len(ids), timings=timings)
+
+    def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult:
+        """Samples `window` tokens per row autoregressively; returns them with the rows they came from."""
+        if window < 1:
+            raise StateError(f"window must be >= 1, got {window}")
+        with self._lock:
+            state = self._prepare(state_id, rows, extra_tokens=window)
+            s = BatchSampling([r.sampling for r in rows], self.forward.device)
+            tokens, valid = _pad([r.pending for r in rows], self.forward.device)
+            logits, timing = self.forward(state, tokens, valid)
+            timings = [timing]
+            b = len(rows)
+            index = torch.arange(b, device=logits.device)
+            last = logits[index, valid.sum(1) - 1]                                        # [B, V]
+            presence = token_presence(state.tokens, state.mask, self.vocab) if s.any_penalty else None
+            u = torch.stack([row_uniforms(r.sampling.seed, r.cycle, level, window) for r in rows])  # [B, W]
+            drafted, drafted_rows = [], []
+            for i in range(window):
+                probs = wire.round_trip(next_token_probs(last, s, presence))               # [B, V]
+                x = sample(probs, u[:, i])                                                # [B]
+                drafted.append(x)
+                drafted_rows.append(probs)
+                if presence is not None:
+                    presence[index, x] = True
+                if i + 1 < window:
+                    logits, timing = self.forward(state, x[:, None], torch.ones_like(x[:, None], dtype=torch.bool))
+                    timings.append(timing)
+                    last = logits[:, 0]
+            out_tokens = torch.stack(drafted, 1).tolist()                                 # [B, W]
+            out_rows = torch.stack(drafted_rows, 1)                                       # [B, W, V]
+            return StepResult(
+                tokens=out_tokens,
+                rows=[None if r.sampling.greedy else out_rows[i] for i, r in enumerate(rows)],
+                timings=timings,
+            )
+
+    def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:
+        """Checks each row's proposal against this model; returns accepted + recovered/bonus tokens.
+
+        `hand_up`: the result goes to another level, so its rows are rounded to wire precision before
+        they are used and returned. The target (the last level) keeps full precision.
+        """
+        with self._lock:
+            k_max = max((len(r.proposal) for r in rows), default=0)
+            state = self._prepare(state_id, rows, extra_tokens=k_max + 1)
+            device = self.forward.device
+            b = len(rows)
+            s = BatchSampling([r.sampling for r in rows], device)
+            presence0 = None
+            if s.any_penalty:
+                presence0 = token_presence(state.tokens, state.mask, self.vocab)
+            blocks = [list(r.pending) + list(r.proposal) for r in rows]
+            tokens, valid = _pad(blocks, device)
+            logits, timing = self.forward(state, tokens, valid)                            # [B, T, V]
+            starts = torch.tensor([len(r.pending) - 1 for r in rows], device=device)      # [B]
+            lengths = torch.tensor([len(r.proposal) for r in rows], device=device)        # [B]
+            offsets = torch.arange(k_max + 1, device=device)
+            positions = (starts[:, None] + offsets[None, :]).clamp(max=tokens.shape[1] - 1)  # [B, K + 1]
+            p_logits = logits.gather(1, positions[..., None].expand(-1, -1, self.vocab))   # [B, K + 1, V]
+            presence = None
+            if presence0 is not None:
+                # the row of position i has seen the context, the pending tokens and x_1..x_i
+                cols = torch.arange(tokens.shape[1], device=device)
+                in_view = (cols[None, None, :] <= positions[..., None]) & valid[:, None, :]   # [B, K + 1, T]
+                counts = torch.zeros(b, k_max + 1, self.vocab, dtype=torch.int32, device=device)
+                counts.scatter_add_(2, tokens[:, None, :].expand(-1, k_max + 1, -1), in_view.int())
+                presence = (presence0[:, None, :] | (counts > 0)).flatten(0, 1)            # [B * (K + 1), V]
+            row_index = torch.arange(b, device=device).repeat_interleave(k_max + 1)
+            p = next_token_probs(p_logits.flatten(0, 1), s.rows(row_index), presence).view(b, k_max + 1, self.vocab)
+            if hand_up:
+                p = wire.round_trip(p)
+            proposal, _ = _pad([r.proposal for r in rows], device)
+            q = torch.zeros(b, k_max, self.vocab, device=device)
+            for i, r in enumerate(rows):
+                k = len(r.proposal)
+                if k:
+                    q[i, :k] = wire.one_hot_rows(proposal[i, :k], self.vocab) if r.proposal_rows is None \
+                        else r.proposal_rows.to(device)
+            uniforms = [row_uniforms(r.sampling.seed, r.cycle, level, len(r.proposal) + 1) for r in rows]
+            u_accept = torch.zeros(b, k_max)
+            for i, u in enumerate(uniforms):
+                u_accept[i, : len(u) - 1] = u[:-1]
+            u_sample = torch.stack([u[-1] for u in uniforms])
+            verdict = verify_proposal(proposal, lengths, q, p, u_accept, u_sample)
+            accepted = verdict.accepted.tolist()
+            nxt = verdict.next_token.tolist()
+            out_tokens = [list(r.proposal[:a]) + [y] for r, a, y in zip(rows, accepted, nxt)]
+            out_rows = [p[i, : a + 1] if hand_up and not r.sampling.greedy else None
+                        for i, (r, a) in enumerate(zip(rows, accepted))]
+            return StepResult(tokens=out_tokens, rows=out_rows, accepted=accepted, timings=[timing])
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _prepare(self, state_id: str, rows: Sequence[RowStep], extra_tokens: int) -> MaskedKVState:
+        """Reorders the state to the call's rows, applies their rollbacks, compacts if worth it."""
+        self._drop_expired(time.monotonic())
+        state = self.state(state_id)
+        ids = [r.row_id for r in rows]
+        if sorted(ids) != sorted(state.row_ids):
+            raise StateError(f"call names rows {sorted(ids)} but state {state_id!r} holds {sorted(state.row_ids)}")
+        if any(len(r.pending) == 0 for r in rows):
+            raise StateError("every row needs at least one pending token (the last emitted one)")
+        state.select(ids)
+        state.rollback(torch.tensor([r.rollback for r in rows], dtype=torch.long))
+        lengths = state.valid_lengths().tolist()
+        self._check_context([n + len(r.pending) + extra_tokens for n, r in zip(lengths, rows)])
+        total = state.batch_size * state.length
+        if total and state.holes() > self.settings.compact_hole_fraction * total:
+            state.compact()
+        return state
+
+    def _check_context(self, lengths: Sequence[int]) -> None:
+        limit = self.forward.context_length
+        if lengths and max(lengths) > limit:
+            raise StateError(f"a row would reach {max(lengths)} tokens; model {self.name!r} has a context of {limit}")

@@ -1,0 +1,88 @@
+"""A forward pass of a Hugging Face causal LM over a masked KV state.
+
+The caller hands new tokens as a right-padded block [B, k] with a validity mask; valid tokens are
+left-aligned in every row. The attention mask is built here as a 4-D additive mask so that
+- a valid query attends to every valid key at or before its physical column,
+- a hole (padding) query attends only to itself, which keeps every softmax finite; no valid query
+  ever attends to a hole, so what holes compute is never read.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specrouter.worker.state import MaskedKVState
+
+PAD_TOKEN_ID = 0  # what a hole holds; never attended to
+
+
+@dataclass(frozen=True)
+class ForwardTiming:
+    forward_ns: int
+    batch_size: int
+    tokens_per_row: int   # columns in the block (the longest row)
+    tokens_valid: int     # tokens actually processed
+
+
+class ModelForward:
+    """Wraps a loaded causal LM; runs blocks of new tokens against `MaskedKVState`s."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model.eval()
+        cfg = model.config
+        self.layers = cfg.num_hidden_layers
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.vocab_size = cfg.vocab_size
+        self.context_length = cfg.max_position_embeddings
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def empty_state(self, row_ids: list[str]) -> MaskedKVState:
+        return MaskedKVState.empty(row_ids, self.layers, self.kv_heads, self.head_dim, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def __call__(self, state: MaskedKVState, tokens: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, ForwardTiming]:
+        """Appends tokens [B, k] (valid [B, k]) to `state`; returns logits [B, k, vocab] in fp32."""
+        b, k = tokens.shape
+        device = self.device
+        tokens, valid = tokens.to(device), valid.to(device)
+        start = time.perf_counter_ns()
+        before = state.valid_lengths()                                  # [B]
+        positions = before[:, None] + (valid.long().cumsum(1) - 1).clamp(min=0)  # [B, k] logical
+        mask4 = self._attention_mask(state.mask, valid)                 # [B, 1, k, L + k]
+        cache = DynamicCache(ddp_cache_data=list(zip(state.keys, state.values)))
+        out = self.model(input_ids=torch.where(valid, tokens, PAD_TOKEN_ID), attention_mask=mask4,
+                         position_ids=positions, use_cache=True, **{self._cache_kwarg: cache})
+        logits = out.logits.float()
+        state.append([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], tokens, valid)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timing = ForwardTiming(time.perf_counter_ns() - start, b, k, int(valid.sum()))
+        return logits, timing
+
+    def _attention_mask(self, past_valid: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
+        b, k = new_valid.shape
+        past = past_valid.shape[1]
+        keys_valid = torch.cat([past_valid, new_valid], dim=1)               # [B, L + k]
+        q_col = past + torch.arange(k, device=keys_valid.device)            # physical column of each query
+        k_col = torch.arange(past + k, device=keys_valid.device)
+        causal = k_col[None, :] <= q_col[:, None]                            # [k, L + k]
+        allowed = causal[None] & keys_valid[:, None, :]                      # [B, k, L + k]
+        self_only = (k_col[None, :] == q_col[:, None])[None] & ~new_valid[:, :, None]
+        allowed = allowed | self_only
+        neg = torch.finfo(self.dtype).min
+        return torch.zeros(allowed.shape, dtype=self.dtype, device=keys_valid.device).masked_fill_(~allowed, neg)[:, None]

@@ -1,0 +1,113 @@
+"""Logits processors and seeded sampling, applied identically at every level of a chain.
+
+Order, as in Hugging Face's generate: repetition penalty, temperature, top-k, top-p. Greedy decoding
+(temperature 0) is the point mass on the argmax of the penalised logits, so greedy and sampling share
+one code path: with one-hot rows the acceptance rule of `verify.py` reduces to "accept iff the token is
+this level's argmax".
+
+Randomness comes from counter-based streams: the uniforms of a row are a function of (request seed,
+cycle, level) only, so a row's output does not depend on which other rows share its batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+GREEDY_TEMPERATURE = 0.0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = GREEDY_TEMPERATURE  # 0 means greedy
+    top_k: int = 0                           # 0 means off
+    top_p: float = 1.0                       # 1 means off
+    repetition_penalty: float = 1.0          # 1 means off
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == GREEDY_TEMPERATURE
+
+    def validate(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty}")
+
+
+class BatchSampling:
+    """The per-row parameters of a batch as tensors on one device."""
+
+    def __init__(self, params: Sequence[SamplingParams], device: torch.device):
+        self.params = list(params)
+        f32 = dict(dtype=torch.float32, device=device)
+        self.greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool, device=device)          # [B]
+        self.temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], **f32)  # [B]
+        self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)            # [B]
+        self.top_p = torch.tensor([p.top_p for p in params], **f32)                                      # [B]
+        self.penalty = torch.tensor([p.repetition_penalty for p in params], **f32)                       # [B]
+        self.any_penalty = any(p.repetition_penalty != 1.0 for p in params)
+        self.all_greedy = all(p.greedy for p in params)
+
+    def rows(self, index: torch.Tensor) -> BatchSampling:
+        """The parameters for rows `index` (a row may repeat, e.g. one per draft position)."""
+        out = BatchSampling.__new__(BatchSampling)
+        out.params = [self.params[i] for i in index.tolist()]
+        for name in ("greedy", "temperature", "top_k", "top_p", "penalty"):
+            setattr(out, name, getattr(self, name)[index])
+        out.any_penalty, out.all_greedy = self.any_penalty, self.all_greedy
+        return out
+
+
+def token_presence(tokens: torch.Tensor, valid: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N, vocab] bool: which token ids occur among the valid entries of tokens [N, L]."""
+    presence = torch.zeros(tokens.shape[0], vocab, dtype=torch.bool, device=tokens.device)
+    return presence.scatter_(1, torch.where(valid, tokens, 0), valid) if tokens.numel() else presence
+
+
+def next_token_probs(logits: torch.Tensor, s: BatchSampling, presence: torch.Tensor | None) -> torch.Tensor:
+    """Processed next-token distributions [N, vocab] (fp32) from logits [N, vocab]."""
+    logits = logits.float()
+    if s.any_penalty and presence is not None:
+        pen = s.penalty[:, None]
+        penalised = torch.where(logits > 0, logits / pen, logits * pen)
+        logits = torch.where(presence, penalised, logits)
+    greedy_rows = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    if s.all_greedy:
+        return greedy_rows
+    logits = logits / s.temperature[:, None]
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)                       # [N, V]
+    ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    keep = (s.top_k[:, None] == 0) | (ranks < s.top_k[:, None])
+    sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
+    sorted_probs = sorted_logits.softmax(-1)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    keep = mass_before < s.top_p[:, None]          # the smallest prefix whose mass reaches top_p
+    keep[:, 0] = True
+    sorted_probs = sorted_probs.masked_fill(~keep, 0.0)
+    probs = torch.zeros_like(sorted_probs).scatter_(-1, sorted_idx, sorted_probs)
+    probs = probs / probs.sum(-1, keepdim=True)
+    return torch.where(s.greedy[:, None], greedy_rows, probs)
+
+
+def sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: tokens [N] from probs [N, vocab] and uniforms [N] in [0, 1)."""
+    cdf = probs.cumsum(-1)
+    u = (uniforms.to(probs.device) * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def row_uniforms(seed: int, cycle: int, level: int, count: int) -> torch.Tensor:
+    """`count` uniforms in [0, 1) that depend only on (seed, cycle, level): [count] on the CPU."""
+    digest = hashlib.blake2b(struct.pack("<qqq", seed, cycle, level), digest_size=8).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+    return torch.rand(count, generator=gen, dtype=torch.float32)

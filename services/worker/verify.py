@@ -1,0 +1,51 @@
+"""The lossless verification step (speculative sampling; Leviathan et al. 2023, Chen et al. 2023).
+
+A level receives a proposal x_1..x_k drawn from rows q_1..q_k and computes its own rows p_1..p_{k+1}.
+Walking left to right, x_i is *accepted* with probability min(1, p_i(x_i) / q_i(x_i)). At the first
+rejection i the level appends a *recovered* token drawn from norm(max(0, p_i - q_i)); if all k are
+accepted it appends a *bonus* token drawn from p_{k+1}. The output x_1..x_a, y is distributed exactly
+as sampling from p itself, whatever q was, so applying the step level by level up a chain emits the
+target's distribution. With one-hot rows (greedy) it accepts iff x_i is the level's argmax and y is
+the argmax at the first disagreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specrouter.worker.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: torch.Tensor    # [B] number of proposal tokens accepted
+    next_token: torch.Tensor  # [B] the recovered (a < k) or bonus (a == k) token
+
+
+def verify_proposal(
+    draft_tokens: torch.Tensor,   # [B, K] proposal, right-padded
+    draft_lengths: torch.Tensor,  # [B] k_b <= K
+    draft_probs: torch.Tensor,    # [B, K, V] rows the proposal was drawn from (q)
+    target_probs: torch.Tensor,   # [B, K + 1, V] this level's rows at each proposal position and one more (p)
+    u_accept: torch.Tensor,       # [B, K] uniforms in [0, 1)
+    u_sample: torch.Tensor,       # [B] uniforms in [0, 1)
+) -> Verdict:
+    b, k = draft_tokens.shape
+    rows = torch.arange(b, device=draft_tokens.device)
+    in_range = torch.arange(k, device=draft_tokens.device)[None, :] < draft_lengths[:, None]    # [B, K]
+    tokens = torch.where(in_range, draft_tokens, 0)
+    p_x = target_probs[:, :k].gather(-1, tokens[..., None]).squeeze(-1)                         # [B, K]
+    q_x = draft_probs.gather(-1, tokens[..., None]).squeeze(-1)                                 # [B, K]
+    accept = u_accept.to(p_x.device) * q_x < p_x                                                # u < p / q
+    rejected = ~accept & in_range
+    first_rejection = rejected.int().argmax(1) if k else draft_lengths
+    accepted = torch.where(rejected.any(1), first_rejection, draft_lengths)                    # [B]
+    p_a = target_probs[rows, accepted]                                                          # [B, V]
+    q_a = draft_probs[rows, accepted.clamp(max=k - 1)] if k else torch.zeros_like(p_a)
+    q_a = torch.where((accepted < draft_lengths)[:, None], q_a, 0.0)                            # bonus: q = 0
+    residual = (p_a - q_a).clamp(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny), p_a)
+    return Verdict(accepted=accepted, next_token=sample(residual, u_sample))
