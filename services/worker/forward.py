@@ -60,6 +60,8 @@ class ModelForward:
         b, k = tokens.shape
         device = self.device
         tokens, valid = tokens.to(device), valid.to(device)
+        if k == 0:
+            return torch.zeros(b, 0, self.vocab_size, device=device), ForwardTiming(0, b, 0, 0)
         start = time.perf_counter_ns()
         before = state.valid_lengths()                                  # [B]
         positions = before[:, None] + (valid.long().cumsum(1) - 1).clamp(min=0)  # [B, k] logical

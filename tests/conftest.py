@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny random Llama models (no weights to load) and the shipped demo pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specrouter.worker.engine import WorkerEngine
+from specrouter.worker.forward import ModelForward
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_POOL = REPO_ROOT / "models" / "demo-pool"
+
+TINY_VOCAB = 64
+
+
+def tiny_llama(seed: int, hidden: int, layers: int, vocab: int = TINY_VOCAB, sharpness: float = 1.0) -> LlamaForCausalLM:
+    """A random Llama; `sharpness` scales the output head so next-token distributions are peaked."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    return model
+
+
+def tiny_engines(vocab: int = TINY_VOCAB, sharpness: float = 1.0) -> dict[str, WorkerEngine]:
+    """A three-model pool: drafter `s`, intermediate `m`, target `t`."""
+    shapes = {"s": (1, 16, 1), "m": (2, 32, 2), "t": (3, 64, 2)}
+    return {name: WorkerEngine(name, ModelForward(tiny_llama(seed, h, l, vocab, sharpness)))
+            for name, (seed, h, l) in shapes.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_pool() -> dict[str, WorkerEngine]:
+    return tiny_engines()

@@ -1,0 +1,111 @@
+"""The chain runner on a tiny pool: exact greedy outputs, continuous batching, seeds, no leaks."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from specrouter.router.chain import ChainBatch, Row, run_to_completion
+from specrouter.worker.sampling import SamplingParams
+
+CHAINS = [("t",), ("s", "t"), ("m", "t"), ("s", "m", "t")]
+CONTEXT = 256
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 64) for _ in range(rng.randrange(1, 15))] for _ in range(n)]
+
+
+def generate(engines, chain, window, rows: list[Row]) -> dict[str, list[int]]:
+    batch = ChainBatch(engines, "t", CONTEXT)
+    batch.add(rows)
+    done = run_to_completion(batch, lambda _: (chain, window))
+    assert all(not e.state_ids() for e in engines.values()), "a finished batch left worker state behind"
+    return {r: row.generated for r, row in done.items()}
+
+
+def new_row(i: int, prompt: list[int], params=SamplingParams(), max_new: int = 24) -> Row:
+    return Row(f"r{i}", list(prompt), len(prompt), params, max_new)
+
+
+def test_target_only_chain_is_plain_greedy_decoding(tiny_pool) -> None:
+    target = tiny_pool["t"].forward.model
+    for i, p in enumerate(prompts(3)):
+        ours = generate(tiny_pool, ("t",), 1, [new_row(i, p)])[f"r{i}"]
+        ids = torch.tensor([p])
+        hf = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
+        assert ours == hf
+
+
+@pytest.mark.parametrize("chain,window", list(itertools.product(CHAINS[1:], [1, 3, 6])))
+def test_every_chain_emits_the_targets_greedy_tokens(tiny_pool, chain, window) -> None:
+    ps = prompts(4)
+    reference = generate(tiny_pool, ("t",), 1, [new_row(i, p) for i, p in enumerate(ps)])
+    assert generate(tiny_pool, chain, window, [new_row(i, p) for i, p in enumerate(ps)]) == reference
+
+
+@pytest.mark.parametrize("chain,window", [(("s", "m", "t"), 3), (("s", "t"), 2)])
+def test_rows_joining_and_leaving_keep_their_outputs(tiny_pool, chain, window) -> None:
+    ps = prompts(5, seed=1)
+    params = [SamplingParams(), SamplingParams(temperature=0.9, seed=11),
+              SamplingParams(temperature=1.1, top_k=8, seed=12), SamplingParams(repetition_penalty=1.3),
+              SamplingParams(temperature=0.7, top_p=0.8, repetition_penalty=1.1, seed=13)]
+    max_new = [10, 30, 18, 25, 12]
+    rows = lambda: [new_row(i, p, params[i], max_new[i]) for i, p in enumerate(ps)]  # noqa: E731
+    alone = {}
+    for row in rows():
+        alone.update(generate(tiny_pool, chain, window, [row]))
+
+    fresh = rows()
+    joins = {0: fresh[:2], 2: fresh[2:3], 5: fresh[3:]}  # cycle -> rows joining before it
+    together: dict[str, list[int]] = {}
+    batch = ChainBatch(tiny_pool, "t", CONTEXT)
+    cycle = 0
+    while batch.rows or joins:
+        if cycle in joins:
+            batch.add(joins.pop(cycle))
+        if batch.rows:
+            batch.step(chain, window)
+        finished = [r for r, row in batch.rows.items() if row.finish_reason]   # rows leave as they finish
+        together.update({row.row_id: row.generated for row in batch.remove(finished)})
+        cycle += 1
+    assert together == alone
+    assert all(not e.state_ids() for e in tiny_pool.values())
+
+
+def test_same_seed_same_sample_and_different_seeds_differ(tiny_pool) -> None:
+    p = prompts(1, seed=2)[0]
+    outs = {}
+    for seed in (1, 1, 2, 3):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        outs.setdefault(seed, []).append(generate(tiny_pool, ("s", "m", "t"), 3, [new_row(0, p, params, 32)])["r0"])
+    assert outs[1][0] == outs[1][1]
+    assert len({tuple(outs[s][0]) for s in (1, 2, 3)}) == 3
+
+
+def test_eos_stops_a_row_and_drops_what_follows(tiny_pool) -> None:
+    p = prompts(1, seed=3)[0]
+    free = generate(tiny_pool, ("s", "t"), 4, [new_row(0, p)])["r0"]
+    stop = free[5]
+    row = Row("r0", list(p), len(p), SamplingParams(), 24, stop_token_ids=frozenset({stop}))
+    batch = ChainBatch(tiny_pool, "t", CONTEXT)
+    batch.add([row])
+    done = run_to_completion(batch, lambda _: (("s", "t"), 4))
+    out = done["r0"]
+    assert out.finish_reason == "stop"
+    assert out.generated == free[: free.index(stop) + 1]
+
+
+def test_bad_chains_are_refused(tiny_pool) -> None:
+    batch = ChainBatch(tiny_pool, "t", CONTEXT)
+    batch.add([new_row(0, [1, 2])])
+    for chain in [("s",), ("s", "x", "t"), ("t", "s"), ("s", "s", "t"), ()]:
+        with pytest.raises(ValueError):
+            batch.step(chain, 2)
+    batch.release()
+    assert all(not e.state_ids() for e in tiny_pool.values())

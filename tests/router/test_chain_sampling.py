@@ -1,0 +1,95 @@
+"""Sampling through a three-level chain emits exactly the target's distribution.
+
+Vocabulary of 8, two new tokens: the target's joint distribution over the 64 outcomes is computed
+exactly from its logits and compared with the chain's output over many seeds (one row per seed).
+Each assertion is a chi-square test at P_THRESHOLD, its false-positive rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from specrouter.router.chain import ChainBatch, Row, run_to_completion
+from specrouter.worker.sampling import BatchSampling, SamplingParams, next_token_probs, token_presence
+from tests.conftest import tiny_engines
+from tests.stats import chi_square_p_value
+
+VOCAB = 8
+PROMPT = [1, 2, 3]
+NEW_TOKENS = 2
+SAMPLES = 6000
+P_THRESHOLD = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return tiny_engines(vocab=VOCAB, sharpness=8.0)  # peaked, disagreeing distributions
+
+
+def exact_joint(model, params: SamplingParams) -> torch.Tensor:
+    """P(a, b | prompt) under the target with the request's processors: [VOCAB, VOCAB]."""
+    s = BatchSampling([params], torch.device("cpu"))
+    with torch.inference_mode():
+        def probs(prefix: list[int]) -> torch.Tensor:
+            logits = model(input_ids=torch.tensor([prefix])).logits[0, -1:].float()
+            history = torch.tensor([prefix])
+            return next_token_probs(logits, s, token_presence(history, torch.ones_like(history, dtype=torch.bool), VOCAB))[0]
+        first = probs(PROMPT)
+        return torch.stack([first[a] * probs(PROMPT + [a]) for a in range(VOCAB)])
+
+
+def sample_chain(engines, chain, window, params: SamplingParams) -> torch.Tensor:
+    batch = ChainBatch(engines, "t", context_length=256)
+    batch.add([Row(f"r{i}", list(PROMPT), len(PROMPT), dataclasses.replace(params, seed=i), NEW_TOKENS)
+               for i in range(SAMPLES)])
+    done = run_to_completion(batch, lambda _: (chain, window))
+    counts = torch.zeros(VOCAB, VOCAB)
+    for row in done.values():
+        a, b = row.generated
+        counts[a, b] += 1
+    return counts
+
+
+class WrongRows:
+    """A worker whose verify is handed rows shifted by one position: a deliberately broken chain."""
+
+    def __init__(self, engine):
+        self.engine, self.name = engine, engine.name
+
+    def __getattr__(self, item):
+        return getattr(self.engine, item)
+
+    def verify(self, state_id, level, rows, hand_up):
+        broken = [dataclasses.replace(r, proposal_rows=None if r.proposal_rows is None else r.proposal_rows.roll(1, 0))
+                  for r in rows]
+        return self.engine.verify(state_id, level, broken, hand_up)
+
+
+PARAMS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5, top_p=0.9, repetition_penalty=1.2)]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["plain", "processors"])
+def test_three_level_chain_matches_the_target(engines, params) -> None:
+    expected = exact_joint(engines["t"].forward.model, params)
+    counts = sample_chain(engines, ("s", "m", "t"), window=2, params=params)
+    assert chi_square_p_value(counts, expected) > P_THRESHOLD
+
+
+def test_the_same_test_fails_for_a_broken_verifier(engines) -> None:
+    params = PARAMS[0]
+    expected = exact_joint(engines["t"].forward.model, params)
+    broken = dict(engines, m=WrongRows(engines["m"]))
+    counts = sample_chain(broken, ("s", "m", "t"), window=2, params=params)
+    assert chi_square_p_value(counts, expected) < P_THRESHOLD
+
+
+def test_drafter_distribution_differs_from_the_target(engines) -> None:
+    """Guards the tests above: the chain has something to correct (drafter != target)."""
+    params = PARAMS[0]
+    target = exact_joint(engines["t"].forward.model, params)
+    drafter = exact_joint(engines["s"].forward.model, params)
+    assert 0.5 * (target - drafter).abs().sum() > 0.2
