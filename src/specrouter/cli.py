@@ -46,5 +46,70 @@ def train_pool(
     build_pool(out, work, plan, progress_bar)
 
 
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def default_pool() -> Path:
+    """The demo pool shipped in the repository (`models/demo-pool`)."""
+    return Path(__file__).resolve().parents[2] / "models" / "demo-pool"
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="Text to continue."),
+    pool: Path = typer.Option(None, help="Pool directory (default: the shipped demo pool)."),
+    max_new_tokens: int = typer.Option(64, min=1),
+    temperature: float = typer.Option(0.0, min=0.0, help="0 is greedy."),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0, min=0),
+    repetition_penalty: float = typer.Option(1.0),
+    seed: int = typer.Option(0),
+    chain: str = typer.Option("", help="'target' for target-only, or NAME,NAME,... ending at the target "
+                                       "(default: the smallest model, then the target)."),
+    window: int = typer.Option(4, min=1, max=16, help="Draft window W."),
+    dtype: str = typer.Option("float32"),
+    device: str = typer.Option("cpu"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Generate a continuation of PROMPT with the pool running in this process."""
+    import json
+    import sys
+
+    from specrouter.pool.load import PoolDir, parse_dtype
+    from specrouter.pool.manifest import PoolError
+    from specrouter.router.inprocess import InProcessPool, chain_name, parse_chain
+    from specrouter.worker.sampling import SamplingParams
+
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                            repetition_penalty=repetition_penalty, seed=seed)
+    try:
+        params.validate()
+        pool_dir = PoolDir.open(pool or default_pool())
+        steps = parse_chain(chain, pool_dir.names, pool_dir.target) if chain else None
+        _quiet_transformers()
+        local = InProcessPool(pool_dir, dtype=parse_dtype(dtype), device=device)
+        steps = steps or (local.by_size()[0], local.target)
+    except (ValueError, PoolError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    result = local.generate([prompt], steps, window, params, max_new_tokens)[0]
+    if as_json:
+        print(json.dumps({
+            "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+            "cycles": result.cycles, "chain_counts": dict(result.chain_counts),
+            "accepted_per_level": result.accepted_per_level, "seconds": round(result.seconds, 4),
+        }))
+        return
+    sys.stdout.write(prompt + result.text + "\n")
+    tokens = len(result.token_ids)
+    typer.echo(f"[{tokens} tokens in {result.seconds:.2f} s ({tokens / max(result.seconds, 1e-9):.1f} tok/s), "
+               f"{result.cycles} cycles, chain {chain_name(steps)}, window {window}, finish {result.finish_reason}]",
+               err=True)
+
+
 def main() -> None:
     app()

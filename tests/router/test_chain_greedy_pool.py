@@ -1,0 +1,74 @@
+"""On the shipped demo pool: every chain ending at the target, windows 1, 3 and 6, batches of 1 and 4
+with prompts of different lengths, emits exactly target-only greedy decoding (30 held-out prompts x 64
+new tokens), in fp32."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from specrouter.pool.prompts import heldout_code_prompts
+from specrouter.router.inprocess import InProcessPool
+from specrouter.worker.sampling import SamplingParams
+from tests.conftest import DEMO_POOL
+
+PROMPTS = 30
+NEW_TOKENS = 64
+WINDOWS = [1, 3, 6]
+BATCH_SIZES = [1, 4]
+
+
+@pytest.fixture(scope="module")
+def pool() -> InProcessPool:
+    return InProcessPool.open(DEMO_POOL, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(pool) -> list[list[int]]:
+    return [pool.encode(p) for p in heldout_code_prompts(PROMPTS)]
+
+
+def greedy(pool: InProcessPool, prompts, chain, window, batch_size) -> list[list[int]]:
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i : i + batch_size]
+        rows = pool.generate_ids(chunk, chain, window, [SamplingParams()] * len(chunk), NEW_TOKENS)
+        out.extend(r.generated for r in rows)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(pool, prompt_ids) -> list[list[int]]:
+    return greedy(pool, prompt_ids, (pool.target,), 1, 1)
+
+
+def all_chains(pool: InProcessPool) -> list[tuple[str, ...]]:
+    """Every chain ending at the target: all subsets of the other models, in size order."""
+    others = [m for m in pool.by_size() if m != pool.target]
+    return [(*subset, pool.target) for n in range(1, len(others) + 1) for subset in itertools.combinations(others, n)]
+
+
+def test_prompts_have_different_lengths(prompt_ids) -> None:
+    assert len({len(p) for p in prompt_ids}) > 10
+
+
+def test_target_only_equals_transformers_generate(pool, prompt_ids, reference) -> None:
+    model = pool.engines[pool.target].forward.model
+    eos = pool.tokenizer.eos_token_id
+    for ids, ours in list(zip(prompt_ids, reference))[:5]:
+        x = torch.tensor([ids])
+        hf = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS, do_sample=False,
+                            pad_token_id=eos, eos_token_id=eos)[0, len(ids):].tolist()
+        assert ours == hf
+
+
+@pytest.mark.parametrize("batch_size", BATCH_SIZES)
+def test_every_chain_and_window_is_exact(pool, prompt_ids, reference, batch_size) -> None:
+    assert len(all_chains(pool)) >= 3
+    for chain, window in itertools.product(all_chains(pool), WINDOWS):
+        got = greedy(pool, prompt_ids, chain, window, batch_size)
+        mismatched = [i for i, (a, b) in enumerate(zip(got, reference)) if a != b]
+        assert not mismatched, f"chain {chain} window {window} batch {batch_size}: prompts {mismatched} differ"
+    assert all(not e.state_ids() for e in pool.engines.values())
