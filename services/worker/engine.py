@@ -26,6 +26,13 @@ from specrouter.worker.verify import verify_proposal
 class UnknownStateError(KeyError):
     """No state with this id (never created, released, or reclaimed after its TTL)."""
 
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown state"
+
+
+class ContextLengthError(StateError):
+    """A row would grow past the model's context length."""
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -45,13 +52,13 @@ class RowStep:
 @dataclass(frozen=True)
 class VerifyRow(RowStep):
     proposal: Sequence[int] = ()
-    proposal_rows: torch.Tensor | None = None  # [k, vocab] the rows the proposal was drawn from; None: greedy
+    proposal_rows: torch.Tensor | None = None  # [k, vocab] fp16 wire rows the proposal was drawn from; None: greedy
 
 
 @dataclass
 class StepResult:
     tokens: list[list[int]]                  # per row: the draft, or the verified proposal (accepted + 1)
-    rows: list[torch.Tensor | None]          # per row: [len, vocab] rows handed upward, None when not asked
+    rows: list[torch.Tensor | None]          # per row: [len, vocab] fp16 wire rows handed upward, or None
     accepted: list[int] = field(default_factory=list)  # verify only: accepted proposal tokens per row
     timings: list[ForwardTiming] = field(default_factory=list)
 
@@ -153,10 +160,10 @@ class WorkerEngine:
             u = torch.stack([row_uniforms(r.sampling.seed, r.cycle, level, window) for r in rows])  # [B, W]
             drafted, drafted_rows = [], []
             for i in range(window):
-                probs = wire.round_trip(next_token_probs(last, s, presence))               # [B, V]
-                x = sample(probs, u[:, i])                                                # [B]
+                rows_fp16 = wire.to_wire(next_token_probs(last, s, presence))             # [B, V]
+                x = sample(wire.as_probs(rows_fp16), u[:, i])                             # [B]
                 drafted.append(x)
-                drafted_rows.append(probs)
+                drafted_rows.append(rows_fp16)
                 if presence is not None:
                     presence[index, x] = True
                 if i + 1 < window:
@@ -204,15 +211,17 @@ class WorkerEngine:
                 presence = (presence0[:, None, :] | (counts > 0)).flatten(0, 1)            # [B * (K + 1), V]
             row_index = torch.arange(b, device=device).repeat_interleave(k_max + 1)
             p = next_token_probs(p_logits.flatten(0, 1), s.rows(row_index), presence).view(b, k_max + 1, self.vocab)
+            p_wire = None
             if hand_up:
-                p = wire.round_trip(p)
+                p_wire = wire.to_wire(p)
+                p = wire.as_probs(p_wire)
             proposal, _ = _pad([r.proposal for r in rows], device)
             q = torch.zeros(b, k_max, self.vocab, device=device)
             for i, r in enumerate(rows):
                 k = len(r.proposal)
                 if k:
                     q[i, :k] = wire.one_hot_rows(proposal[i, :k], self.vocab) if r.proposal_rows is None \
-                        else r.proposal_rows.to(device)
+                        else wire.as_probs(r.proposal_rows.to(device))
             uniforms = [row_uniforms(r.sampling.seed, r.cycle, level, len(r.proposal) + 1) for r in rows]
             u_accept = torch.zeros(b, k_max)
             for i, u in enumerate(uniforms):
@@ -222,7 +231,7 @@ class WorkerEngine:
             accepted = verdict.accepted.tolist()
             nxt = verdict.next_token.tolist()
             out_tokens = [list(r.proposal[:a]) + [y] for r, a, y in zip(rows, accepted, nxt)]
-            out_rows = [p[i, : a + 1] if hand_up and not r.sampling.greedy else None
+            out_rows = [p_wire[i, : a + 1] if p_wire is not None and not r.sampling.greedy else None
                         for i, (r, a) in enumerate(zip(rows, accepted))]
             return StepResult(tokens=out_tokens, rows=out_rows, accepted=accepted, timings=[timing])
 
@@ -249,4 +258,5 @@ class WorkerEngine:
     def _check_context(self, lengths: Sequence[int]) -> None:
         limit = self.forward.context_length
         if lengths and max(lengths) > limit:
-            raise StateError(f"a row would reach {max(lengths)} tokens; model {self.name!r} has a context of {limit}")
+            raise ContextLengthError(
+                f"a row would reach {max(lengths)} tokens; model {self.name!r} has a context of {limit}")

@@ -4,8 +4,9 @@ A level's proposal carries, for every token, the distribution the token was draw
 - greedy rows are not sent at all: the row is the point mass on the token itself;
 - sampled rows are sent in fp16, dense ([vocab] values) or sparse (indices and values of the non-zero
   entries, what top-k / top-p leave), whichever is smaller.
-Reduced precision is exact only because the sender samples from the reduced rows: `round_trip` is
-applied by the sender before it samples or accepts, and the receiver decodes the same numbers.
+Reduced precision is exact only because the sender samples from the reduced rows. A row is kept as
+its fp16 values (`to_wire`) from the moment it is made; sender and receiver alike turn it into
+probabilities with `as_probs`, so both use bit-identical numbers.
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ INDEX_BYTES = 4  # int32 token ids in a sparse row
 VALUE_BYTES = 2  # fp16 values
 
 
-def round_trip(probs: torch.Tensor) -> torch.Tensor:
-    """The rows a receiver will decode: fp16, renormalised in fp32. [..., vocab] -> [..., vocab]."""
-    reduced = probs.to(WIRE_DTYPE).float()
-    return reduced / reduced.sum(-1, keepdim=True)
+def to_wire(probs: torch.Tensor) -> torch.Tensor:
+    """Rows as they travel: fp16 values, not renormalised. [..., vocab] -> [..., vocab]."""
+    return probs.to(WIRE_DTYPE)
+
+
+def as_probs(rows: torch.Tensor) -> torch.Tensor:
+    """The distribution a wire row stands for: fp32, renormalised. [..., vocab] -> [..., vocab]."""
+    values = rows.float()
+    return values / values.sum(-1, keepdim=True)
 
 
 @dataclass(frozen=True)
@@ -37,25 +43,26 @@ class WireRow:
         return len(self.values) + (len(self.indices) if self.indices is not None else 0)
 
 
-def encode_row(probs: torch.Tensor) -> WireRow:
-    """Encodes one row [vocab] (already passed through `round_trip`)."""
-    half = probs.to(WIRE_DTYPE).cpu()
+def encode_row(row: torch.Tensor) -> WireRow:
+    """Encodes one fp16 row [vocab] made by `to_wire`."""
+    half = row.to(WIRE_DTYPE).cpu()
     nonzero = half.nonzero().squeeze(-1)
     if nonzero.numel() * (INDEX_BYTES + VALUE_BYTES) < half.numel() * VALUE_BYTES:
         return WireRow(values=half[nonzero].numpy().tobytes(), indices=nonzero.int().numpy().tobytes())
     return WireRow(values=half.numpy().tobytes(), indices=None)
 
 
-def decode_row(row: WireRow, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The row [vocab] in fp32, exactly as `round_trip` gave it to the sender."""
+def decode_row(row: WireRow, vocab: int) -> torch.Tensor:
+    """The fp16 row [vocab], bit-identical to the one the sender encoded."""
     values = torch.frombuffer(bytearray(row.values), dtype=WIRE_DTYPE)
     if row.indices is None:
-        dense = values
-    else:
-        idx = torch.frombuffer(bytearray(row.indices), dtype=torch.int32).long()
-        dense = torch.zeros(vocab, dtype=WIRE_DTYPE).index_put_((idx,), values)
-    dense = dense.float()
-    return (dense / dense.sum()).to(device)
+        if values.numel() != vocab:
+            raise ValueError(f"a dense row must hold {vocab} values, got {values.numel()}")
+        return values.clone()
+    idx = torch.frombuffer(bytearray(row.indices), dtype=torch.int32).long()
+    if idx.numel() != values.numel() or bool((idx < 0).any()) or bool((idx >= vocab).any()):
+        raise ValueError(f"a sparse row needs one index in [0, {vocab}) per value")
+    return torch.zeros(vocab, dtype=WIRE_DTYPE).index_put_((idx,), values)
 
 
 def one_hot_rows(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
