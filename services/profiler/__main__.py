@@ -1,0 +1,59 @@
+"""Runs the profiler: `python -m specrouter.profiler [--port N] [--redis-url URL] ...`.
+
+Flags override SPECROUTER_PROFILER_* environment variables, which override the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from grpc_health.v1 import health
+
+from specrouter.profiler.server import create_server, shutdown
+from specrouter.profiler.settings import ProfilerSettings
+from specrouter.profiler.store import open_store
+
+log = logging.getLogger("specrouter.profiler")
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m specrouter.profiler", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, help="port to listen on (0: a free one)")
+    parser.add_argument("--host", help="address to bind")
+    parser.add_argument("--redis-url", help="Redis URL; without one the metrics stay in this process")
+    parser.add_argument("--ema-alpha", type=float, help="weight of the newest report in every EMA")
+    parser.add_argument("--key-prefix", help="prefix of the Redis keys")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = ProfilerSettings(**{k: v for k, v in vars(args).items() if k != "verbose" and v is not None})
+    store = open_store(settings)
+    health_servicer = health.HealthServicer()
+    server, port = create_server(settings, store, health_servicer)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    log.info("metrics %s, ema_alpha %g",
+             "in memory" if settings.redis_url is None else f"in Redis under {settings.key_prefix!r}",
+             settings.ema_alpha)
+    print(f"profiler listening on {settings.host}:{port}", flush=True)  # the line process supervisors wait for
+    stop.wait()
+    log.info("shutting down (grace %.1f s)", settings.grace_s)
+    shutdown(server, health_servicer, settings.grace_s)
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

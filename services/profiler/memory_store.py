@@ -1,0 +1,30 @@
+"""Metrics held in this process: the local embedded default, where one profiler serves every router."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from specrouter.profiler.metrics import FAMILIES, Ema, Records, Update
+
+
+class MemoryStore:
+    """A dict of EMA records behind a lock; lost when the process ends, never unavailable."""
+
+    def __init__(self, ema_alpha: float):
+        self.ema_alpha = ema_alpha
+        self._records: dict[str, dict[str, Ema]] = {family: {} for family in FAMILIES}
+        self._lock = threading.Lock()
+
+    def apply(self, updates: Sequence[Update]) -> None:
+        with self._lock:
+            for u in updates:
+                table = self._records[u.family]
+                table[u.field] = table.get(u.field, Ema.zero(len(u.x))).updated(u.x, self.ema_alpha)
+
+    def records(self) -> Records:
+        with self._lock:
+            return {family: dict(table) for family, table in self._records.items()}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,80 @@
+"""The metrics themselves: EMA arithmetic, buckets, and the two stores agreeing exactly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specrouter.profiler.metrics import bucket
+from specrouter.v1 import profiler_pb2 as pb
+
+from .reports import GREEDY, SAMPLING, acceptance, forward, similarity, snapshot, without_age
+
+ALPHA = 0.1
+
+
+def _weighted_mean(values: list[float], weights: list[float] | None = None) -> float:
+    """The EMA with a zero start, divided by the EMA of 1: sum_i w_i v_i / sum_i w_i, w_i = (1 - alpha)^(n - i)."""
+    decay = [(1 - ALPHA) ** (len(values) - 1 - i) for i in range(len(values))]
+    weights = weights or [1.0] * len(values)
+    return sum(d * w * v for d, w, v in zip(decay, weights, values)) / sum(d * w for d, w in zip(decay, weights))
+
+
+def test_bucket_is_the_next_power_of_two() -> None:
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 65536)] == [1, 2, 4, 4, 8, 8, 16, 65536]
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_snapshot_holds_the_ema_of_each_key(kind, make_store, serve, connect) -> None:
+    stub = connect(serve(make_store(kind)))
+    times = [100, 200, 400]
+    counts = [(3, 4), (1, 1), (0, 2)]   # (accepted, proposed)
+    for ns, (a, p), sim in zip(times, counts, [0.5, 0.7, 0.9]):
+        stub.Report(pb.ReportRequest(
+            # batch 3 and 4 share bucket 4; batch 5 goes to bucket 8
+            forward=[forward(ns, batch_size=3), forward(ns, batch_size=4), forward(7 * ns, batch_size=5)],
+            acceptance=[acceptance(a, p, position=2, mode=SAMPLING)],
+            similarity=[similarity(sim)]), timeout=10)
+    got = snapshot(stub)
+    assert not got.stale and got.ema_alpha == ALPHA
+
+    assert [(f.batch_size_bucket, f.tokens_per_row_bucket, f.samples) for f in got.forward] == [(4, 1, 6), (8, 1, 3)]
+    assert got.forward[0].ema_forward_ns == pytest.approx(_weighted_mean([t for t in times for _ in (0, 1)]), rel=1e-12)
+    assert got.forward[1].ema_forward_ns == pytest.approx(_weighted_mean([7 * t for t in times]), rel=1e-12)
+
+    [acc] = got.acceptance
+    assert (acc.drafter, acc.verifier, acc.mode, acc.position) == ("s", "t", SAMPLING, 2)
+    assert (acc.accepted_total, acc.proposed_total, acc.samples) == (4, 7, 3)
+    rates = [a / p for a, p in counts]
+    assert acc.ema_acceptance_rate == pytest.approx(_weighted_mean(rates, [p for _, p in counts]), rel=1e-12)
+
+    [sim] = got.similarity
+    assert (sim.samples, sim.ema_similarity) == (3, pytest.approx(_weighted_mean([0.5, 0.7, 0.9]), rel=1e-12))
+
+
+def _random_reports(seed: int, count: int) -> list[pb.ReportRequest]:
+    rng = random.Random(seed)
+    models = ["a-1m", "b-5m", "c-29m"]
+    reports = []
+    for _ in range(count):
+        d, v = rng.sample(models, 2)
+        proposed = rng.randint(1, 16)
+        reports.append(pb.ReportRequest(
+            forward=[forward(rng.randint(1, 10**9), model=rng.choice(models), batch_size=rng.randint(1, 40),
+                             tokens_per_row=rng.randint(1, 9)) for _ in range(rng.randint(0, 3))],
+            acceptance=[acceptance(rng.randint(0, proposed), proposed, position=rng.randint(0, 4),
+                                   mode=rng.choice([GREEDY, SAMPLING]), drafter=d, verifier=v)],
+            similarity=[similarity(rng.random(), drafter=d, verifier=v)] if rng.random() < 0.5 else []))
+    return reports
+
+
+def test_memory_and_redis_stores_give_identical_snapshots(make_store, serve, connect) -> None:
+    """The same reports, in the same order, give the same snapshot bit for bit: both stores compute
+    the same double arithmetic, and the Redis store writes doubles with 17 significant digits."""
+    memory, shared = (connect(serve(make_store(kind))) for kind in ("memory", "redis"))
+    for report in _random_reports(seed=7, count=150):
+        assert memory.Report(report, timeout=10).stored and shared.Report(report, timeout=10).stored
+    from_memory, from_redis = without_age(snapshot(memory)), without_age(snapshot(shared))
+    assert len(from_memory.forward) > 20 and len(from_memory.acceptance) > 20
+    assert from_memory == from_redis
