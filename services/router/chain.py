@@ -42,6 +42,9 @@ class Row:
     seen: dict[str, int] = field(default_factory=dict)      # per model: tokens of `tokens` in its valid cache
     spec: dict[str, list[int]] = field(default_factory=dict)  # per model: speculative tokens in its cache
 
+    def __post_init__(self) -> None:
+        self.tokens = list(self.tokens)  # the row grows its own copy, never the caller's prompt
+
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_len :]
