@@ -40,6 +40,26 @@ class WorkerServiceStub:
                 request_serializer=specrouter_dot_v1_dot_worker__pb2.InfoRequest.SerializeToString,
                 response_deserializer=specrouter_dot_v1_dot_worker__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.Prefill = channel.unary_unary(
+                '/specrouter.v1.WorkerService/Prefill',
+                request_serializer=specrouter_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
+                response_deserializer=specrouter_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
+                _registered_method=True)
+        self.Draft = channel.unary_unary(
+                '/specrouter.v1.WorkerService/Draft',
+                request_serializer=specrouter_dot_v1_dot_worker__pb2.DraftRequest.SerializeToString,
+                response_deserializer=specrouter_dot_v1_dot_worker__pb2.StepResponse.FromString,
+                _registered_method=True)
+        self.Verify = channel.unary_unary(
+                '/specrouter.v1.WorkerService/Verify',
+                request_serializer=specrouter_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=specrouter_dot_v1_dot_worker__pb2.StepResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/specrouter.v1.WorkerService/Release',
+                request_serializer=specrouter_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=specrouter_dot_v1_dot_worker__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -53,6 +73,34 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefill(self, request, context):
+        """Processes rows' prompts; creates the state, or joins the rows to it (continuous batching).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Draft(self, request, context):
+        """Samples `window` tokens per row autoregressively (the first level of a chain).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Verify(self, request, context):
+        """Checks each row's proposal and returns the accepted prefix plus a recovered or bonus token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Releases a state, or some of its rows (requests leaving the batch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +108,26 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=specrouter_dot_v1_dot_worker__pb2.InfoRequest.FromString,
                     response_serializer=specrouter_dot_v1_dot_worker__pb2.InfoResponse.SerializeToString,
+            ),
+            'Prefill': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefill,
+                    request_deserializer=specrouter_dot_v1_dot_worker__pb2.PrefillRequest.FromString,
+                    response_serializer=specrouter_dot_v1_dot_worker__pb2.PrefillResponse.SerializeToString,
+            ),
+            'Draft': grpc.unary_unary_rpc_method_handler(
+                    servicer.Draft,
+                    request_deserializer=specrouter_dot_v1_dot_worker__pb2.DraftRequest.FromString,
+                    response_serializer=specrouter_dot_v1_dot_worker__pb2.StepResponse.SerializeToString,
+            ),
+            'Verify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Verify,
+                    request_deserializer=specrouter_dot_v1_dot_worker__pb2.VerifyRequest.FromString,
+                    response_serializer=specrouter_dot_v1_dot_worker__pb2.StepResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=specrouter_dot_v1_dot_worker__pb2.ReleaseRequest.FromString,
+                    response_serializer=specrouter_dot_v1_dot_worker__pb2.ReleaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +158,114 @@ class WorkerService:
             '/specrouter.v1.WorkerService/Info',
             specrouter_dot_v1_dot_worker__pb2.InfoRequest.SerializeToString,
             specrouter_dot_v1_dot_worker__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrouter.v1.WorkerService/Prefill',
+            specrouter_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
+            specrouter_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Draft(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrouter.v1.WorkerService/Draft',
+            specrouter_dot_v1_dot_worker__pb2.DraftRequest.SerializeToString,
+            specrouter_dot_v1_dot_worker__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Verify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrouter.v1.WorkerService/Verify',
+            specrouter_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
+            specrouter_dot_v1_dot_worker__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrouter.v1.WorkerService/Release',
+            specrouter_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
+            specrouter_dot_v1_dot_worker__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

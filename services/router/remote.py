@@ -1,0 +1,50 @@
+"""A worker over gRPC, with the same operations as an in-process `WorkerEngine`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from specrouter.v1 import worker_pb2 as pb
+from specrouter.v1 import worker_pb2_grpc
+from specrouter.worker import protocol
+from specrouter.worker.engine import RowStep, StepResult, VerifyRow
+
+MAX_MESSAGE_BYTES = 256 * 2**20  # the worker enforces its own, smaller limit
+
+
+class RemoteWorker:
+    def __init__(self, address: str, channel: grpc.Channel | None = None, timeout_s: float = 60.0):
+        self.address = address
+        self.channel = channel or grpc.insecure_channel(
+            address, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                              ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        self.timeout_s = timeout_s
+        self.info = self.stub.Info(pb.InfoRequest(), timeout=timeout_s, wait_for_ready=True)
+        self.name = self.info.model_name
+        self.vocab = self.info.vocab_size
+
+    def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]]) -> StepResult:
+        reply = self.stub.Prefill(pb.PrefillRequest(state_id=state_id, rows=[
+            pb.PrefillRow(row_id=r, tokens=list(t)) for r, t in rows]), timeout=self.timeout_s)
+        return StepResult(tokens=[[] for _ in rows], rows=[None] * len(rows),
+                          timings=protocol.timings_from_pb(reply.timing))
+
+    def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult:
+        reply = self.stub.Draft(pb.DraftRequest(state_id=state_id, level=level, window=window,
+                                                rows=[protocol.step_to_pb(r) for r in rows]), timeout=self.timeout_s)
+        return protocol.step_result_from_pb(reply, self.vocab, verify=False)
+
+    def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:
+        reply = self.stub.Verify(pb.VerifyRequest(state_id=state_id, level=level, hand_up=hand_up,
+                                                  rows=[protocol.verify_row_to_pb(r) for r in rows]),
+                                 timeout=self.timeout_s)
+        return protocol.step_result_from_pb(reply, self.vocab, verify=True)
+
+    def release(self, state_id: str, row_ids: Sequence[str] | None = None) -> None:
+        self.stub.Release(pb.ReleaseRequest(state_id=state_id, row_ids=list(row_ids or [])), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self.channel.close()

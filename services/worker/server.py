@@ -1,0 +1,147 @@
+"""The worker's gRPC server: decode the request, call the engine, encode the response."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specrouter.pool.load import load_model, parse_dtype, tokenizer_fingerprint
+from specrouter.v1 import worker_pb2 as pb
+from specrouter.v1 import worker_pb2_grpc
+from specrouter.worker import protocol
+from specrouter.worker.engine import ContextLengthError, EngineSettings, UnknownStateError, WorkerEngine
+from specrouter.worker.forward import ModelForward
+from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.settings import WorkerSettings
+from specrouter.worker.state import StateError
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
+ROW_BYTES_PER_ENTRY = 2      # fp16; a row is sent sparse only when that is smaller than dense
+MESSAGE_HEADROOM = 4 * 2**20
+
+
+def status_for(exc: Exception) -> grpc.StatusCode:
+    """The one place where domain errors become gRPC status codes."""
+    if isinstance(exc, UnknownStateError):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, ContextLengthError):
+        return grpc.StatusCode.OUT_OF_RANGE
+    if isinstance(exc, StateError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INTERNAL
+
+
+def _handle(call: Callable[[], object], context: grpc.ServicerContext):
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - mapped to a status, never leaked as a traceback
+        code = status_for(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("internal error")
+        context.abort(code, str(exc))
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, engine: WorkerEngine, info: pb.InfoResponse):
+        self.engine = engine
+        self.info = info
+
+    def Info(self, request, context):
+        reply = pb.InfoResponse()
+        reply.CopyFrom(self.info)
+        reply.live_states = len(self.engine.state_ids())
+        return reply
+
+    def Prefill(self, request, context):
+        def run():
+            start = time.perf_counter_ns()
+            result = self.engine.prefill(request.state_id, [(r.row_id, list(r.tokens)) for r in request.rows])
+            return pb.PrefillResponse(timing=protocol.timing_to_pb(result.timings, time.perf_counter_ns() - start))
+        return _handle(run, context)
+
+    def Draft(self, request, context):
+        def run():
+            start = time.perf_counter_ns()
+            steps = [protocol.step_from_pb(r) for r in request.rows]
+            result = self.engine.draft(request.state_id, request.level, request.window, steps)
+            return protocol.step_result_to_pb(result, [s.row_id for s in steps], time.perf_counter_ns() - start)
+        return _handle(run, context)
+
+    def Verify(self, request, context):
+        def run():
+            start = time.perf_counter_ns()
+            device = self.engine.forward.device
+            rows = [protocol.verify_row_from_pb(r, self.engine.vocab, device) for r in request.rows]
+            result = self.engine.verify(request.state_id, request.level, rows, request.hand_up)
+            return protocol.step_result_to_pb(result, [r.row_id for r in rows], time.perf_counter_ns() - start)
+        return _handle(run, context)
+
+    def Release(self, request, context):
+        def run():
+            self.engine.release(request.state_id, list(request.row_ids) or None)
+            return pb.ReleaseResponse()
+        return _handle(run, context)
+
+
+def message_limit(settings: WorkerSettings, vocab: int) -> int:
+    """Bytes of the largest message: a full batch of windows of dense fp16 rows, plus headroom."""
+    return settings.max_batch_size * (settings.max_window + 1) * vocab * ROW_BYTES_PER_ENTRY + MESSAGE_HEADROOM
+
+
+def build_engine(settings: WorkerSettings) -> tuple[WorkerEngine, pb.InfoResponse]:
+    model = load_model(settings.model_dir, parse_dtype(settings.dtype), settings.device)
+    engine = WorkerEngine(settings.model_name, ModelForward(model),
+                          EngineSettings(state_ttl_s=settings.state_ttl_s,
+                                         compact_hole_fraction=settings.compact_hole_fraction))
+    info = pb.InfoResponse(
+        model_name=settings.model_name, parameters=sum(p.numel() for p in model.parameters()),
+        vocab_size=engine.vocab, tokenizer_sha256=tokenizer_fingerprint(settings.model_dir),
+        context_length=engine.forward.context_length, device=str(engine.forward.device),
+        dtype=str(engine.forward.dtype).removeprefix("torch."))
+    return engine, info
+
+
+def warm_up(engine: WorkerEngine) -> None:
+    """One prefill, draft and verify on a throwaway state, so the first request pays no start-up cost."""
+    from specrouter.worker.engine import RowStep, VerifyRow
+
+    state = "__warmup__"
+    engine.prefill(state, [("w", [1, 2, 3])])
+    engine.draft(state, 0, 2, [RowStep("w", [4], SamplingParams(), 0)])
+    engine.verify(state, 1, [VerifyRow("w", [5], SamplingParams(), 1, rollback=1, proposal=[6])], hand_up=False)
+    engine.release(state)
+
+
+def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoResponse,
+                  ) -> tuple[grpc.Server, int, health.HealthServicer]:
+    limit = message_limit(settings, engine.vocab)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=settings.threads),
+        options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)],
+    )
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine, info), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in (SERVICE_NAME, ""):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.host}:{settings.port}")
+    return server, port, health_servicer
+
+
+def mark_serving(health_servicer: health.HealthServicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in (SERVICE_NAME, ""):
+        health_servicer.set(name, status)

@@ -1,0 +1,28 @@
+"""The worker's settings: one object, built in `main` from flags and `SPECROUTER_WORKER_*` variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECROUTER_WORKER_")
+
+    model_dir: Path                     # a Hugging Face checkpoint with its tokenizer
+    name: str = ""                      # the model's name in the pool (default: the directory's name)
+    dtype: str = "float32"              # float32, float16 or bfloat16
+    device: str = "cpu"                 # cpu, cuda, cuda:1, ...
+    host: str = "127.0.0.1"             # "[::]" or "0.0.0.0" in a container
+    port: int = 0                       # 0 picks a free port
+    state_ttl_s: float = 600.0          # states untouched this long are reclaimed
+    compact_hole_fraction: float = 0.5  # compact a state when this fraction of its entries are holes
+    max_batch_size: int = 64            # rows per state; sizes the message limits
+    max_window: int = 16                # draft window; sizes the message limits
+    threads: int = 16                   # gRPC handler threads (forward passes are serialised per model)
+    grace_s: float = 10.0               # shutdown grace for in-flight calls
+
+    @property
+    def model_name(self) -> str:
+        return self.name or self.model_dir.name
