@@ -1,3 +1,16 @@
 """SpecRouter: lossless, adaptive, multi-level speculative decoding served over gRPC."""
 
 __version__ = "0.1.0"
+
+from specrouter.client import (  # noqa: E402
+    AsyncClient,
+    Client,
+    DeadlineExceededError,
+    GenerationResult,
+    InvalidRequestError,
+    SpecRouterError,
+    UnavailableError,
+)
+
+__all__ = ["AsyncClient", "Client", "DeadlineExceededError", "GenerationResult", "InvalidRequestError",
+           "SpecRouterError", "UnavailableError"]

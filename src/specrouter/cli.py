@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import typer
@@ -58,57 +59,166 @@ def default_pool() -> Path:
     return Path(__file__).resolve().parents[2] / "models" / "demo-pool"
 
 
+DEFAULT_ROUTER = "127.0.0.1:50051"
+
+
+def _fail(code: str, message: str) -> None:
+    typer.echo(f"error: {code}: {message}", err=True)
+    raise typer.Exit(1)
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue."),
-    pool: Path = typer.Option(None, help="Pool directory (default: the shipped demo pool)."),
-    max_new_tokens: int = typer.Option(64, min=1),
-    temperature: float = typer.Option(0.0, min=0.0, help="0 is greedy."),
-    top_p: float = typer.Option(1.0),
-    top_k: int = typer.Option(0, min=0),
-    repetition_penalty: float = typer.Option(1.0),
-    seed: int = typer.Option(0),
-    chain: str = typer.Option("", help="'target' for target-only, or NAME,NAME,... ending at the target "
-                                       "(default: the smallest model, then the target)."),
-    window: int = typer.Option(4, min=1, max=16, help="Draft window W."),
-    dtype: str = typer.Option("float32"),
-    device: str = typer.Option("cpu"),
+    router: str = typer.Option(DEFAULT_ROUTER, help="Router address HOST:PORT."),
+    max_new_tokens: int = typer.Option(64),
+    temperature: float = typer.Option(0.0, help="0 is greedy."),
+    top_p: float = typer.Option(None, help="Nucleus mass in (0, 1]."),
+    top_k: int = typer.Option(0),
+    repetition_penalty: float = typer.Option(None),
+    seed: int = typer.Option(None),
+    stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
+    chain: str = typer.Option("auto", help="auto, target, or NAME,NAME,... ending at the target."),
+    window: int = typer.Option(0, help="Draft window W (0: the router's choice)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    in_process: bool = typer.Option(False, "--in-process", help="Run the pool in this process instead."),
+    pool: Path = typer.Option(None, help="With --in-process: the pool directory."),
 ) -> None:
-    """Generate a continuation of PROMPT with the pool running in this process."""
+    """Generate a continuation of PROMPT through a router (or the pool in this process)."""
     import json
-    import sys
 
-    from specrouter.pool.load import PoolDir, parse_dtype
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        _fail("INVALID_ARGUMENT", "the prompt is not valid UTF-8")
+    if in_process:
+        result = _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k,
+                                      repetition_penalty, seed, chain, window)
+    else:
+        from specrouter.client import Client, SpecRouterError
+
+        params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                      repetition_penalty=repetition_penalty, seed=seed, stop=stop, chain=chain, window=window)
+        with Client(router) as client:
+            try:
+                if as_json:
+                    r = client.generate(prompt, **params)
+                    result = {"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                              "cycles": r.stats.cycles, "chain_counts": r.stats.chain_counts,
+                              "accepted_per_level": r.stats.accepted_per_level, "seed": r.stats.seed,
+                              "prompt_tokens": r.stats.prompt_tokens, "total_ms": r.stats.total_ns / 1e6}
+                else:
+                    for i, chunk in enumerate(client.generate_stream(prompt, **params)):
+                        sys.stdout.write(prompt + chunk.text if i == 0 else chunk.text)
+                        sys.stdout.flush()
+                        if chunk.stats is not None:
+                            st = chunk.stats
+                            sys.stdout.write("\n")
+                            typer.echo(f"[{st.generated_tokens} tokens in {st.total_ns / 1e9:.2f} s, {st.cycles} "
+                                       f"cycles, chains {st.chain_counts}, finish {chunk.finish_reason}]", err=True)
+                    return
+            except SpecRouterError as exc:
+                _fail(exc.code.name, exc.message)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        sys.stdout.write(prompt + result["text"] + "\n")
+
+
+def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed,
+                         chain, window) -> dict:
+    from specrouter.pool.load import PoolDir
     from specrouter.pool.manifest import PoolError
-    from specrouter.router.inprocess import InProcessPool, chain_name, parse_chain
+    from specrouter.router.inprocess import InProcessPool, chain_name
+    from specrouter.router.requests import parse_chain
     from specrouter.worker.sampling import SamplingParams
 
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                            repetition_penalty=repetition_penalty, seed=seed)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=1.0 if top_p is None else top_p,
+                            repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+                            seed=seed or 0)
     try:
         params.validate()
         pool_dir = PoolDir.open(pool or default_pool())
-        steps = parse_chain(chain, pool_dir.names, pool_dir.target) if chain else None
+        steps = parse_chain(chain, pool_dir.names, pool_dir.target)
         _quiet_transformers()
-        local = InProcessPool(pool_dir, dtype=parse_dtype(dtype), device=device)
+        local = InProcessPool(pool_dir)
         steps = steps or (local.by_size()[0], local.target)
+        g = local.generate([prompt], steps, window or 4, params, max_new_tokens)[0]
     except (ValueError, PoolError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    result = local.generate([prompt], steps, window, params, max_new_tokens)[0]
+        _fail("INVALID_ARGUMENT", str(exc))
+    return {"text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason, "cycles": g.cycles,
+            "chain_counts": dict(g.chain_counts), "accepted_per_level": g.accepted_per_level,
+            "chain": chain_name(steps)}
+
+
+@app.command()
+def models(
+    router: str = typer.Option(DEFAULT_ROUTER, help="Router address HOST:PORT."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List the pool's models (name, parameters, role)."""
+    import json
+
+    from specrouter.client import Client, SpecRouterError
+
+    with Client(router, timeout_s=30) as client:
+        try:
+            found = client.models()
+        except SpecRouterError as exc:
+            _fail(exc.code.name, exc.message)
     if as_json:
-        print(json.dumps({
-            "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-            "cycles": result.cycles, "chain_counts": dict(result.chain_counts),
-            "accepted_per_level": result.accepted_per_level, "seconds": round(result.seconds, 4),
-        }))
+        print(json.dumps([{"name": m.name, "parameters": m.parameters, "role": m.role, "address": m.address}
+                          for m in found]))
         return
-    sys.stdout.write(prompt + result.text + "\n")
-    tokens = len(result.token_ids)
-    typer.echo(f"[{tokens} tokens in {result.seconds:.2f} s ({tokens / max(result.seconds, 1e-9):.1f} tok/s), "
-               f"{result.cycles} cycles, chain {chain_name(steps)}, window {window}, finish {result.finish_reason}]",
-               err=True)
+    for m in found:
+        typer.echo(f"{m.name:<24} {m.parameters:>14,} {m.role:<7} {m.address}")
+
+
+@app.command()
+def up(
+    pool: Path = typer.Option(None, help="Pool directory (default: the shipped demo pool)."),
+    redis_url: str = typer.Option(None, help="Redis for the profiler's metrics (default: in memory)."),
+    port: int = typer.Option(50051, help="Router port (0: a free one)."),
+    dtype: str = typer.Option("float32"),
+    device: str = typer.Option("cpu"),
+    log_dir: Path = typer.Option(Path(".cache/logs"), help="Each service's log file goes here."),
+) -> None:
+    """Start the embedded default: a profiler, one worker per pool model and a router, on localhost."""
+    import signal
+    import threading
+
+    from specrouter.launcher import LocalCluster
+    from specrouter.pool.manifest import PoolError
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
+                               device=device, on_start=lambda s: typer.echo(f"{s.name} up at {s.address}", err=True))
+    except (PoolError, RuntimeError) as exc:
+        _fail("FAILED_PRECONDITION", str(exc))
+    print(f"router listening on {cluster.router.address}", flush=True)
+    try:
+        while not stop.wait(1.0):
+            dead = [s.name for s in cluster.services if not s.alive()]
+            if dead:
+                typer.echo(f"error: {', '.join(dead)} exited; see {log_dir}", err=True)
+                break
+    finally:
+        cluster.stop()
+        typer.echo("stopped", err=True)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(ctx: typer.Context, service: str = typer.Argument(..., help="router, worker or profiler")) -> None:
+    """Run one service in the foreground (for containers); its own options follow."""
+    import importlib
+
+    if service not in ("router", "worker", "profiler"):
+        _fail("INVALID_ARGUMENT", f"unknown service {service!r}: choose router, worker or profiler")
+    module = importlib.import_module(f"specrouter.{service}.__main__")
+    raise typer.Exit(module.main(list(ctx.args)))
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from specrouter.v1 import worker_pb2 as pb
 from specrouter.v1 import worker_pb2_grpc
 from specrouter.worker.sampling import SamplingParams
 from tests.conftest import DEMO_POOL
-from tests.processes import ServiceProcess
+from specrouter.launcher import ServiceProcess
 
 NEW_TOKENS = 32
 
@@ -26,7 +26,7 @@ def workers(tmp_path_factory):
     pool = PoolDir.open(DEMO_POOL)
     logs = tmp_path_factory.mktemp("worker-logs")
     procs = [ServiceProcess("specrouter.worker", "--model-dir", str(pool.model_dir(n)), "--port", "0",
-                            "--threads", "4", log_dir=logs) for n in pool.names]
+                            "--threads", "4", log_dir=logs, name=n) for n in pool.names]
     remotes = {}
     try:
         for p in procs:

@@ -1,0 +1,50 @@
+"""`python -m specrouter.router --workers HOST:PORT,... --tokenizer-dir DIR [--port N] ...`"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from specrouter.router.settings import RouterSettings
+
+
+def parse_settings(argv: list[str] | None) -> RouterSettings:
+    ap = argparse.ArgumentParser(prog="specrouter serve router", description=__doc__)
+    for name in RouterSettings.model_fields:
+        ap.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                        help=f"(env SPECROUTER_ROUTER_{name.upper()})")
+    given = {k: v for k, v in vars(ap.parse_args(argv)).items() if v is not None}
+    if "workers" in given:
+        given["workers"] = [w for w in given["workers"].split(",") if w]
+    return RouterSettings(**given)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from specrouter.router import server as srv
+
+    settings = parse_settings(argv)
+    try:
+        router = srv.Router(settings, srv.connect_workers(settings))
+    except srv.PoolMismatch as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 2
+    router.batcher.start()
+    grpc_server, port, _ = srv.create_server(settings, router)
+    grpc_server.start()
+    print(f"router listening on {settings.host}:{port}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    grpc_server.stop(settings.grace_s).wait()
+    router.batcher.stop()
+    router.reporter.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Continuous batching: requests join and leave the running batches between cycles.
+
+One loop thread owns every `ChainBatch`. Requests that ask for the same static (chain, window), or
+leave the choice to the router, share a batch; each row keeps its own sampling parameters and seed.
+Between cycles the loop admits new requests (prefill joins them to their batch), drops cancelled
+ones (their worker rows are released), runs one cycle per batch, and hands emitted tokens to each
+request's handle. A failing worker fails the rows of its batch only.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from specrouter.router.chain import FINISH_STOP, ChainBatch, CycleReport, Row
+from specrouter.router.requests import GenerationRequest
+from specrouter.router.workers import Worker
+
+log = logging.getLogger(__name__)
+IDLE_WAIT_S = 0.05
+
+ChooseChain = Callable[[ChainBatch], tuple[tuple[str, ...], int]]
+
+
+@dataclass(frozen=True)
+class Emitted:
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str
+    token_ids: list[int]
+    stats: dict
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: Exception
+
+
+@dataclass
+class RequestHandle:
+    """A client's view of one request: events arrive on `events`; `cancel` may be called at any time."""
+
+    request: GenerationRequest
+    row_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    events: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived_ns: int = field(default_factory=time.perf_counter_ns)
+    joined_ns: int = 0
+    chain_counts: Counter = field(default_factory=Counter)
+    accepted: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def stats(self, row: Row) -> dict:
+        now = time.perf_counter_ns()
+        return {"cycles": row.cycle, "chain_counts": dict(self.chain_counts),
+                "accepted_per_level": {m: sum(v) / len(v) for m, v in self.accepted.items() if v},
+                "prompt_tokens": row.prompt_len, "generated_tokens": len(row.generated),
+                "queue_ns": self.joined_ns - self.arrived_ns, "total_ns": now - self.arrived_ns,
+                "seed": row.sampling.seed}
+
+
+class Batcher:
+    def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int, eos_token_id: int | None,
+                 choose_auto: ChooseChain, stop_check: Callable[[RequestHandle, Row], int | None] | None = None,
+                 on_cycle: Callable[[CycleReport, list[Row]], None] | None = None):
+        self.workers = dict(workers)
+        self.target = target
+        self.context_length = context_length
+        self.stop_tokens = frozenset() if eos_token_id is None else frozenset({eos_token_id})
+        self.choose_auto = choose_auto
+        self.stop_check = stop_check
+        self.on_cycle = on_cycle
+        self._inbox: queue.Queue[RequestHandle] = queue.Queue()
+        self._batches: dict[tuple, ChainBatch] = {}
+        self._handles: dict[str, RequestHandle] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(30)
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        handle = RequestHandle(request)
+        self._inbox.put(handle)
+        return handle
+
+    def running(self) -> int:
+        return sum(len(b.rows) for b in self._batches.values())
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._admit(block=not self._batches)
+            for key, batch in list(self._batches.items()):
+                self._drop_cancelled(batch)
+                if batch.rows:
+                    self._cycle(key, batch)
+                if not batch.rows:
+                    del self._batches[key]
+        for batch in self._batches.values():
+            for row in list(batch.rows.values()):
+                self._fail(batch, row.row_id, RuntimeError("the router is shutting down"))
+
+    def _admit(self, block: bool) -> None:
+        try:
+            handles = [self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()]
+        except queue.Empty:
+            return
+        while not self._inbox.empty():
+            handles.append(self._inbox.get_nowait())
+        by_key: dict[tuple, list[RequestHandle]] = defaultdict(list)
+        for h in handles:
+            if not h.cancelled.is_set():
+                by_key[(h.request.chain, h.request.window)].append(h)
+        for key, group in by_key.items():
+            batch = self._batches.get(key) or ChainBatch(self.workers, self.target, self.context_length)
+            rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
+                        h.request.max_new_tokens, self.stop_tokens) for h in group]
+            try:
+                batch.add(rows)
+            except Exception as exc:  # noqa: BLE001 - a failed prefill fails these requests only
+                log.warning("prefill failed: %s", exc)
+                for h in group:
+                    h.events.put(Failed(exc))
+                try:
+                    for w in self.workers.values():
+                        w.release(batch.state_id, [r.row_id for r in rows])
+                except Exception:  # noqa: BLE001 - best effort; states also expire by TTL
+                    pass
+                continue
+            self._batches[key] = batch
+            now = time.perf_counter_ns()
+            for h in group:
+                h.joined_ns = now
+                self._handles[h.row_id] = h
+
+    def _drop_cancelled(self, batch: ChainBatch) -> None:
+        gone = [r for r in batch.rows if self._handles[r].cancelled.is_set()]
+        if gone:
+            for row in batch.remove(gone):
+                self._handles.pop(row.row_id).events.put(Failed(CancelledError("request cancelled")))
+
+    def _cycle(self, key: tuple, batch: ChainBatch) -> None:
+        chain, window = key
+        if chain is None or not window:
+            auto_chain, auto_window = self.choose_auto(batch)
+            chain, window = chain or auto_chain, window or auto_window
+        rows = [r for r in batch.rows.values() if r.finish_reason is None]
+        try:
+            report = batch.step(chain, window)
+        except Exception as exc:  # noqa: BLE001 - a worker failure fails this batch's requests
+            log.warning("cycle of chain %s failed: %s", chain, exc)
+            for row_id in list(batch.rows):
+                self._fail(batch, row_id, exc)
+            return
+        name = ",".join(chain)
+        for index, row in enumerate(rows):
+            handle = self._handles[row.row_id]
+            handle.chain_counts[name] += 1
+            for model, accepted in report.accepted.items():
+                handle.accepted[model].append(accepted[index])
+            emitted = report.emitted[row.row_id]
+            keep = self.stop_check(handle, row) if row.finish_reason is None and self.stop_check else None
+            if keep is not None:  # a stop string completed: drop what follows it
+                drop = len(row.generated) - keep
+                del row.tokens[len(row.tokens) - drop :]
+                emitted = emitted[: len(emitted) - drop]
+                row.finish_reason = FINISH_STOP
+            handle.events.put(Emitted(emitted))
+        if self.on_cycle is not None:
+            self.on_cycle(report, rows)
+        finished = [r.row_id for r in rows if r.finish_reason is not None]
+        for row in batch.remove(finished):
+            handle = self._handles.pop(row.row_id)
+            handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))
+
+    def _fail(self, batch: ChainBatch, row_id: str, exc: Exception) -> None:
+        try:
+            batch.remove([row_id])
+        except Exception:  # noqa: BLE001 - the worker may be gone; its states expire by TTL
+            batch.rows.pop(row_id, None)
+        handle = self._handles.pop(row_id, None)
+        if handle is not None:
+            handle.events.put(Failed(exc))
+
+
+class CancelledError(RuntimeError):
+    """The client went away or its deadline passed."""

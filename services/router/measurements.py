@@ -1,0 +1,90 @@
+"""What the router measures each cycle, turned into profiler reports and sent off the hot path."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+
+import grpc
+
+from specrouter.router.chain import CycleReport, Row
+from specrouter.v1 import profiler_pb2 as pb
+from specrouter.v1 import profiler_pb2_grpc
+
+log = logging.getLogger(__name__)
+QUEUE_LIMIT = 1024  # cycles waiting to be reported; beyond it the oldest measurements are dropped
+
+
+def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportRequest:
+    """Forward timings of every model, and acceptance per (drafter, verifier, mode, position)."""
+    request = pb.ReportRequest()
+    for model, result in report.results.items():
+        for t in result.timings:
+            if t.forward_ns > 0:
+                request.forward.add(model=model, batch_size=t.batch_size, tokens_per_row=t.tokens_per_row,
+                                    forward_ns=t.forward_ns)
+    chain = report.chain
+    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for level in range(1, len(chain)):
+        drafter, verifier = chain[level - 1], chain[level]
+        for row, accepted, proposed in zip(rows, report.accepted[verifier], report.proposed[verifier]):
+            mode = pb.DECODING_MODE_GREEDY if row.sampling.greedy else pb.DECODING_MODE_SAMPLING
+            for position in range(min(accepted + 1, proposed)):  # tested up to the first rejection
+                c = counts[(drafter, verifier, mode, position)]
+                c[0] += position < accepted
+                c[1] += 1
+    for (drafter, verifier, mode, position), (acc, prop) in counts.items():
+        request.acceptance.add(drafter=drafter, verifier=verifier, mode=mode, position=position,
+                               accepted=acc, proposed=prop)
+    return request
+
+
+class Reporter:
+    """Sends measurements to the profiler from a background thread; never blocks a cycle."""
+
+    def __init__(self, address: str | None, timeout_s: float = 2.0):
+        self._queue: queue.Queue[pb.ReportRequest | None] = queue.Queue(QUEUE_LIMIT)
+        self._stub = profiler_pb2_grpc.ProfilerServiceStub(grpc.insecure_channel(address)) if address else None
+        self._timeout_s = timeout_s
+        self._thread = threading.Thread(target=self._run, name="profiler-reporter", daemon=True)
+        self.dropped = 0
+        if self._stub is not None:
+            self._thread.start()
+
+    def observe(self, report: CycleReport, rows: Sequence[Row]) -> None:
+        if self._stub is None:
+            return
+        try:
+            self._queue.put_nowait(cycle_measurements(report, rows))
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            merged = pb.ReportRequest()
+            merged.MergeFrom(first)
+            while not self._queue.empty():  # one RPC for everything that piled up
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    self._send(merged)
+                    return
+                merged.MergeFrom(nxt)
+            self._send(merged)
+
+    def _send(self, request: pb.ReportRequest) -> None:
+        try:
+            self._stub.Report(request, timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            self.dropped += 1
+            log.warning("profiler report failed (%s): %s", exc.code(), exc.details())
+
+    def close(self) -> None:
+        if self._stub is not None:
+            self._queue.put(None)
+            self._thread.join(5)

@@ -1,0 +1,212 @@
+"""The router's gRPC server: tokenize, validate, hand the request to the batcher, stream it back."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
+from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
+from specrouter.router.chain import ChainBatch, Row
+from specrouter.router.measurements import Reporter
+from specrouter.router.remote import RemoteWorker
+from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain, validate
+from specrouter.router.settings import RouterSettings
+from specrouter.v1 import router_pb2 as pb
+from specrouter.v1 import router_pb2_grpc
+from specrouter.worker.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
+SEED_BITS = 62
+
+
+class PoolMismatch(RuntimeError):
+    """The workers do not form a usable pool (tokenizers differ, a model is missing, ...)."""
+
+
+def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The one place where the router's errors become gRPC status codes."""
+    if isinstance(exc, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, CancelledError):
+        return grpc.StatusCode.CANCELLED, str(exc)
+    if isinstance(exc, grpc.RpcError):
+        code = exc.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return grpc.StatusCode.UNAVAILABLE, f"a worker is unavailable: {exc.details()}"
+        return grpc.StatusCode.INTERNAL, f"a worker failed: {code.name}: {exc.details()}"
+    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+class Router:
+    """The pool as the router sees it: workers, tokenizer, target, and the batcher."""
+
+    def __init__(self, settings: RouterSettings, workers: dict[str, RemoteWorker]):
+        self.settings = settings
+        self.workers = workers
+        self.tokenizer = load_tokenizer(settings.tokenizer_dir)
+        fingerprint = tokenizer_fingerprint(settings.tokenizer_dir)
+        differ = [n for n, w in workers.items() if w.info.tokenizer_sha256 != fingerprint]
+        if differ:
+            raise PoolMismatch(f"workers {differ} do not use the tokenizer in {settings.tokenizer_dir}; every model "
+                               "of a pool must share the target's tokenizer")
+        sizes = {n: w.info.parameters for n, w in workers.items()}
+        self.by_size = sorted(workers, key=sizes.__getitem__)
+        self.target = settings.target or self.by_size[-1]
+        if self.target not in workers:
+            raise PoolMismatch(f"target {self.target!r} is not served by any worker ({self.by_size})")
+        self.context_length = min(w.info.context_length for w in workers.values())
+        default = parse_chain(settings.default_chain, self.by_size, self.target) if settings.default_chain else None
+        self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
+        self.reporter = Reporter(settings.profiler or None)
+        self.batcher = Batcher(workers, self.target, self.context_length, self.tokenizer.eos_token_id,
+                               self.choose_auto, self.stop_check, self.reporter.observe)
+
+    def choose_auto(self, batch: ChainBatch) -> tuple[tuple[str, ...], int]:
+        return self.default_chain, self.settings.default_window
+
+    def stop_check(self, handle: RequestHandle, row: Row) -> int | None:
+        """Generated tokens to keep when a stop string has completed, else None."""
+        stops = handle.request.stop
+        if not stops:
+            return None
+        text = self.tokenizer.decode(row.generated)
+        hits = [text.find(s) + len(s) for s in stops if s in text]
+        if not hits:
+            return None
+        end = min(hits)
+        for keep in range(1, len(row.generated) + 1):
+            if len(self.tokenizer.decode(row.generated[:keep])) >= end:
+                return keep
+        return len(row.generated)
+
+    def request_from_pb(self, m: pb.GenerateRequest) -> GenerationRequest:
+        seed = m.seed if m.HasField("seed") else random.getrandbits(SEED_BITS)
+        sampling = SamplingParams(temperature=m.temperature, top_k=m.top_k,
+                                  top_p=m.top_p if m.HasField("top_p") else 1.0,
+                                  repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty") else 1.0,
+                                  seed=seed)
+        prompt_ids = self.tokenizer(m.prompt, add_special_tokens=False)["input_ids"] if m.prompt else []
+        max_new = m.max_new_tokens or self.settings.default_max_new_tokens
+        validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length)
+        chain = parse_chain(m.chain, self.by_size, self.target)
+        return GenerationRequest(prompt_ids, sampling, max_new, tuple(m.stop), chain, m.window)
+
+
+def _stats_pb(stats: dict) -> pb.GenerationStats:
+    return pb.GenerationStats(**stats)
+
+
+class RouterServicer(router_pb2_grpc.RouterServiceServicer):
+    def __init__(self, router: Router):
+        self.router = router
+
+    def _submit(self, request, context) -> RequestHandle:
+        if request is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request could not be decoded: is the prompt valid UTF-8?")
+        try:
+            handle = self.router.batcher.submit(self.router.request_from_pb(request))
+        except InvalidRequest as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        context.add_callback(handle.cancel)  # client cancellation and deadlines release the request
+        return handle
+
+    def _events(self, handle: RequestHandle, context) -> Iterator[Emitted | Finished]:
+        while True:
+            try:
+                event = handle.events.get(timeout=1.0)
+            except queue.Empty:
+                if not context.is_active():
+                    handle.cancel()
+                    return
+                continue
+            if isinstance(event, Failed):
+                code, message = status_for(event.error)
+                context.abort(code, message)
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    def Generate(self, request, context):
+        handle = self._submit(request, context)
+        for event in self._events(handle, context):
+            if isinstance(event, Finished):
+                return pb.GenerateResponse(text=self.router.tokenizer.decode(event.token_ids),
+                                           token_ids=event.token_ids, finish_reason=event.finish_reason,
+                                           stats=_stats_pb(event.stats))
+        return pb.GenerateResponse()
+
+    def GenerateStream(self, request, context):
+        handle = self._submit(request, context)
+        tokens: list[int] = []
+        sent = 0
+        for event in self._events(handle, context):
+            if isinstance(event, Emitted):
+                tokens += event.token_ids
+                text = self.router.tokenizer.decode(tokens)
+                ready = len(text) if not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
+                yield pb.GenerateChunk(text=text[sent:ready], token_ids=event.token_ids)
+                sent = max(sent, ready)
+            else:
+                text = self.router.tokenizer.decode(event.token_ids)
+                yield pb.GenerateChunk(text=text[sent:], finish_reason=event.finish_reason,
+                                       stats=_stats_pb(event.stats))
+
+    def ListModels(self, request, context):
+        r = self.router
+        return pb.ListModelsResponse(models=[
+            pb.ModelInfo(name=n, parameters=r.workers[n].info.parameters,
+                         role="target" if n == r.target else "draft", address=r.workers[n].address)
+            for n in r.by_size])
+
+
+def _lenient(message_type):
+    """A request deserializer that yields None instead of failing, so bad bytes get INVALID_ARGUMENT."""
+    def parse(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except Exception:  # noqa: BLE001 - DecodeError, or invalid UTF-8 in a string field
+            return None
+    return parse
+
+
+def create_server(settings: RouterSettings, router: Router) -> tuple[grpc.Server, int, health.HealthServicer]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.threads))
+    servicer = RouterServicer(router)
+    ser = lambda m: m.SerializeToString()  # noqa: E731
+    handlers = {
+        "Generate": grpc.unary_unary_rpc_method_handler(servicer.Generate, _lenient(pb.GenerateRequest), ser),
+        "GenerateStream": grpc.unary_stream_rpc_method_handler(servicer.GenerateStream,
+                                                               _lenient(pb.GenerateRequest), ser),
+        "ListModels": grpc.unary_unary_rpc_method_handler(servicer.ListModels, pb.ListModelsRequest.FromString, ser),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in (SERVICE_NAME, ""):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.host}:{settings.port}")
+    return server, port, health_servicer
+
+
+def connect_workers(settings: RouterSettings) -> dict[str, RemoteWorker]:
+    workers = {}
+    for address in settings.workers:
+        w = RemoteWorker(address, timeout_s=settings.worker_timeout_s)
+        if w.name in workers:
+            raise PoolMismatch(f"two workers serve {w.name!r} ({workers[w.name].address} and {address})")
+        workers[w.name] = w
+    if not workers:
+        raise PoolMismatch("no workers given: pass --workers HOST:PORT,...")
+    return workers

@@ -1,0 +1,196 @@
+"""The client SDK: `Client` (blocking) and `AsyncClient` (asyncio) for the router's gRPC API.
+
+    from specrouter import Client
+    with Client("127.0.0.1:50051") as client:
+        result = client.generate("def fibonacci(n):", max_new_tokens=32)
+        print(result.text, result.finish_reason, result.stats.cycles)
+
+Calls that find the router UNAVAILABLE are retried by gRPC's own retry policy (service config).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+
+from specrouter.v1 import router_pb2 as pb
+from specrouter.v1 import router_pb2_grpc
+
+SERVICE = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
+RETRY_POLICY = {
+    "methodConfig": [{
+        "name": [{"service": SERVICE}],
+        "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.2s", "maxBackoff": "2s",
+                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+    }]
+}
+CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(RETRY_POLICY))]
+
+
+class SpecRouterError(Exception):
+    """A call failed; `code` is the gRPC status, the message is the server's."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code, self.message = code, message
+
+
+class InvalidRequestError(SpecRouterError):
+    """The request was refused as given (INVALID_ARGUMENT, OUT_OF_RANGE)."""
+
+
+class UnavailableError(SpecRouterError):
+    """The router or a worker cannot be reached (UNAVAILABLE), after retries."""
+
+
+class DeadlineExceededError(SpecRouterError):
+    """The call's deadline passed (DEADLINE_EXCEEDED)."""
+
+
+class CancelledError(SpecRouterError):
+    """The call was cancelled (CANCELLED)."""
+
+
+_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError, grpc.StatusCode.OUT_OF_RANGE: InvalidRequestError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError, grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.CANCELLED: CancelledError,
+}
+
+
+def _error(exc: grpc.RpcError) -> SpecRouterError:
+    code = exc.code()
+    return _ERRORS.get(code, SpecRouterError)(code, exc.details() or "")
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    cycles: int = 0
+    chain_counts: dict[str, int] = field(default_factory=dict)
+    accepted_per_level: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    queue_ns: int = 0
+    total_ns: int = 0
+    seed: int = 0
+
+    @classmethod
+    def from_pb(cls, m: pb.GenerationStats) -> GenerationStats:
+        return cls(m.cycles, dict(m.chain_counts), dict(m.accepted_per_level), m.prompt_tokens,
+                   m.generated_tokens, m.queue_ns, m.total_ns, m.seed)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str
+    token_ids: list[int]
+    finish_reason: str = ""              # set on the last chunk
+    stats: GenerationStats | None = None  # set on the last chunk
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    parameters: int
+    role: str
+    address: str
+
+
+def _request(prompt: str, max_new_tokens: int = 0, temperature: float = 0.0, top_p: float | None = None,
+             top_k: int = 0, repetition_penalty: float | None = None, seed: int | None = None,
+             stop: Sequence[str] = (), chain: str = "auto", window: int = 0) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 top_k=top_k, stop=list(stop), chain=chain, window=window)
+    if top_p is not None:
+        request.top_p = top_p
+    if repetition_penalty is not None:
+        request.repetition_penalty = repetition_penalty
+    if seed is not None:
+        request.seed = seed
+    return request
+
+
+def _result(m: pb.GenerateResponse) -> GenerationResult:
+    return GenerationResult(m.text, list(m.token_ids), m.finish_reason, GenerationStats.from_pb(m.stats))
+
+
+def _chunk(m: pb.GenerateChunk) -> Chunk:
+    return Chunk(m.text, list(m.token_ids), m.finish_reason,
+                 GenerationStats.from_pb(m.stats) if m.HasField("stats") else None)
+
+
+class Client:
+    def __init__(self, address: str, timeout_s: float | None = 300.0):
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
+        self.timeout_s = timeout_s
+
+    def generate(self, prompt: str, **params) -> GenerationResult:
+        try:
+            return _result(self.stub.Generate(_request(prompt, **params), timeout=self.timeout_s))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def generate_stream(self, prompt: str, **params) -> Iterator[Chunk]:
+        try:
+            for m in self.stub.GenerateStream(_request(prompt, **params), timeout=self.timeout_s):
+                yield _chunk(m)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def models(self) -> list[ModelInfo]:
+        try:
+            reply = self.stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return [ModelInfo(m.name, m.parameters, m.role, m.address) for m in reply.models]
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient:
+    def __init__(self, address: str, timeout_s: float | None = 300.0):
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
+        self.timeout_s = timeout_s
+
+    async def generate(self, prompt: str, **params) -> GenerationResult:
+        try:
+            return _result(await self.stub.Generate(_request(prompt, **params), timeout=self.timeout_s))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    async def generate_stream(self, prompt: str, **params) -> AsyncIterator[Chunk]:
+        try:
+            async for m in self.stub.GenerateStream(_request(prompt, **params), timeout=self.timeout_s):
+                yield _chunk(m)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

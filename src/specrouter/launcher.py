@@ -1,0 +1,91 @@
+"""Starting the services as child processes, each on a free port: `specrouter up` and the tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+START_TIMEOUT_S = 300.0
+
+
+class ServiceProcess:
+    """`python -m MODULE ARGS...`, which prints `... listening on HOST:PORT` once it serves."""
+
+    def __init__(self, module: str, *args: str, log_dir: Path, env: dict[str, str] | None = None,
+                 name: str | None = None):
+        self.name = name or module.rsplit(".", 1)[-1]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{self.name}.log"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
+                                     stderr=self._log, text=True, env={**os.environ, **(env or {})})
+        self.address = self._wait_listening()
+
+    def _wait_listening(self) -> str:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            m = LISTENING.search(line)
+            if m:
+                host = "127.0.0.1" if m.group(1) in ("[::]", "0.0.0.0") else m.group(1)
+                return f"{host}:{m.group(2)}"
+        self.stop()
+        raise RuntimeError(f"{self.name} did not start; the end of {self.log_path}:\n{self.log_path.read_text()[-3000:]}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class LocalCluster:
+    """The embedded default: a profiler, one worker per pool model and a router, on localhost."""
+
+    def __init__(self, pool_dir: Path, log_dir: Path, port: int = 0, redis_url: str | None = None,
+                 dtype: str = "float32", device: str = "cpu", env: dict[str, str] | None = None,
+                 on_start=None):
+        from specrouter.pool.load import PoolDir
+
+        pool = PoolDir.open(pool_dir)
+        self.services: list[ServiceProcess] = []
+        say = on_start or (lambda _s: None)
+        try:
+            profiler_args = ["--host", "127.0.0.1", "--port", "0"] + (["--redis-url", redis_url] if redis_url else [])
+            self.profiler = self._start("specrouter.profiler", profiler_args, log_dir, env, "profiler", say)
+            workers = [self._start("specrouter.worker", ["--model-dir", str(pool.model_dir(n)), "--name", n,
+                                                         "--dtype", dtype, "--device", device],
+                                   log_dir, env, f"worker-{n}", say) for n in pool.names]
+            self.router = self._start("specrouter.router", [
+                "--workers", ",".join(w.address for w in workers), "--tokenizer-dir", str(pool.model_dir(pool.target)),
+                "--target", pool.target, "--profiler", self.profiler.address, "--port", str(port)],
+                log_dir, env, "router", say)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, module, args, log_dir, env, name, say) -> ServiceProcess:
+        service_env = {"OTEL_SERVICE_NAME": f"specrouter-{name}", **(env or {})}
+        service = ServiceProcess(module, *args, log_dir=log_dir, env=service_env, name=name)
+        self.services.append(service)
+        say(service)
+        return service
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            service.stop()
