@@ -39,3 +39,6 @@ def tiny_engines(vocab: int = TINY_VOCAB, sharpness: float = 1.0) -> dict[str, W
 @pytest.fixture(scope="session")
 def tiny_pool() -> dict[str, WorkerEngine]:
     return tiny_engines()
+
+
+from tests.redis_server import redis_factory, shared_redis  # noqa: E402,F401  (fixtures for every test)
