@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ProfilerSettings(**{k: v for k, v in vars(args).items() if k != "verbose" and v is not None})
+    from specrouter import tracing
+
+    tracing.configure("specrouter-profiler", os.environ)
     store = open_store(settings)
     health_servicer = health.HealthServicer()
     server, port = create_server(settings, store, health_servicer)
@@ -52,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("shutting down (grace %.1f s)", settings.grace_s)
     shutdown(server, health_servicer, settings.grace_s)
     store.close()
+    tracing.shutdown()
     return 0
 
 

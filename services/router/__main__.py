@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import signal
 import sys
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     from specrouter.router import server as srv
 
     settings = parse_settings(argv)
+    from specrouter import tracing
+
+    tracing.configure("specrouter-router", os.environ)
     try:
         router = srv.Router(settings, srv.connect_workers(settings))
     except srv.PoolMismatch as exc:
@@ -43,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     grpc_server.stop(settings.grace_s).wait()
     router.batcher.stop()
     router.reporter.close()
+    tracing.shutdown()
     return 0
 
 

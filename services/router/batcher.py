@@ -18,11 +18,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from opentelemetry import trace
+
 from specrouter.router.chain import FINISH_STOP, ChainBatch, CycleReport, Row
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.workers import Worker
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 IDLE_WAIT_S = 0.05
 
 ChooseChain = Callable[[ChainBatch], tuple[tuple[str, ...], int]]
@@ -57,6 +60,7 @@ class RequestHandle:
     joined_ns: int = 0
     chain_counts: Counter = field(default_factory=Counter)
     accepted: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    span_context: trace.SpanContext | None = None  # the request's span, parent of its cycles
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -94,8 +98,8 @@ class Batcher:
         self._stopping.set()
         self._thread.join(30)
 
-    def submit(self, request: GenerationRequest) -> RequestHandle:
-        handle = RequestHandle(request)
+    def submit(self, request: GenerationRequest, span_context: trace.SpanContext | None = None) -> RequestHandle:
+        handle = RequestHandle(request, span_context=span_context)
         self._inbox.put(handle)
         return handle
 
@@ -133,7 +137,8 @@ class Batcher:
             rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
                         h.request.max_new_tokens, self.stop_tokens) for h in group]
             try:
-                batch.add(rows)
+                with self._span("prefill", group, {"specrouter.rows": len(rows)}):
+                    batch.add(rows)
             except Exception as exc:  # noqa: BLE001 - a failed prefill fails these requests only
                 log.warning("prefill failed: %s", exc)
                 for h in group:
@@ -162,8 +167,15 @@ class Batcher:
             auto_chain, auto_window = self.choose_auto(batch)
             chain, window = chain or auto_chain, window or auto_window
         rows = [r for r in batch.rows.values() if r.finish_reason is None]
+        attributes = {"specrouter.chain": ",".join(chain), "specrouter.window": window,
+                      "specrouter.batch_size": len(rows)}
         try:
-            report = batch.step(chain, window)
+            with self._span("cycle", [self._handles[r.row_id] for r in rows], attributes) as span:
+                report = batch.step(chain, window)
+                for model, accepted in report.accepted.items():
+                    span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
+                if self.on_cycle is not None:
+                    self.on_cycle(report, rows)   # measurements are queued inside the cycle's span
         except Exception as exc:  # noqa: BLE001 - a worker failure fails this batch's requests
             log.warning("cycle of chain %s failed: %s", chain, exc)
             for row_id in list(batch.rows):
@@ -183,12 +195,21 @@ class Batcher:
                 emitted = emitted[: len(emitted) - drop]
                 row.finish_reason = FINISH_STOP
             handle.events.put(Emitted(emitted))
-        if self.on_cycle is not None:
-            self.on_cycle(report, rows)
         finished = [r.row_id for r in rows if r.finish_reason is not None]
-        for row in batch.remove(finished):
-            handle = self._handles.pop(row.row_id)
-            handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))
+        if finished:
+            with self._span("release", [self._handles[r] for r in finished], {"specrouter.rows": len(finished)}):
+                gone = batch.remove(finished)
+            for row in gone:
+                handle = self._handles.pop(row.row_id)
+                handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))
+
+    @staticmethod
+    def _span(name: str, handles: list[RequestHandle], attributes: dict):
+        """A span under the oldest request's span, linked to the others' (a cycle serves them all)."""
+        contexts = [h.span_context for h in handles if h.span_context is not None and h.span_context.is_valid]
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(contexts[0])) if contexts else None
+        links = [trace.Link(c) for c in contexts[1:]]
+        return tracer.start_as_current_span(name, context=parent, links=links, attributes=attributes)
 
     def _fail(self, batch: ChainBatch, row_id: str, exc: Exception) -> None:
         try:

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import grpc
+from opentelemetry import context as otel_context
 
 from specrouter.router.chain import CycleReport, Row
 from specrouter.v1 import profiler_pb2 as pb
@@ -46,7 +47,7 @@ class Reporter:
     """Sends measurements to the profiler from a background thread; never blocks a cycle."""
 
     def __init__(self, address: str | None, timeout_s: float = 2.0):
-        self._queue: queue.Queue[pb.ReportRequest | None] = queue.Queue(QUEUE_LIMIT)
+        self._queue: queue.Queue[tuple[pb.ReportRequest, object] | None] = queue.Queue(QUEUE_LIMIT)
         self._stub = profiler_pb2_grpc.ProfilerServiceStub(grpc.insecure_channel(address)) if address else None
         self._timeout_s = timeout_s
         self._thread = threading.Thread(target=self._run, name="profiler-reporter", daemon=True)
@@ -58,7 +59,7 @@ class Reporter:
         if self._stub is None:
             return
         try:
-            self._queue.put_nowait(cycle_measurements(report, rows))
+            self._queue.put_nowait((cycle_measurements(report, rows), otel_context.get_current()))
         except queue.Full:
             self.dropped += 1
 
@@ -67,22 +68,25 @@ class Reporter:
             first = self._queue.get()
             if first is None:
                 return
-            merged = pb.ReportRequest()
-            merged.MergeFrom(first)
+            merged, ctx = pb.ReportRequest(), first[1]
+            merged.MergeFrom(first[0])
             while not self._queue.empty():  # one RPC for everything that piled up
                 nxt = self._queue.get_nowait()
                 if nxt is None:
-                    self._send(merged)
+                    self._send(merged, ctx)
                     return
-                merged.MergeFrom(nxt)
-            self._send(merged)
+                merged.MergeFrom(nxt[0])
+            self._send(merged, ctx)
 
-    def _send(self, request: pb.ReportRequest) -> None:
+    def _send(self, request: pb.ReportRequest, ctx) -> None:
+        token = otel_context.attach(ctx)  # the report RPC joins the trace of the (first) cycle it reports
         try:
             self._stub.Report(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
             self.dropped += 1
             log.warning("profiler report failed (%s): %s", exc.code(), exc.details())
+        finally:
+            otel_context.detach(token)
 
     def close(self) -> None:
         if self._stub is not None:

@@ -11,6 +11,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
 
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
@@ -113,9 +114,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if request is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request could not be decoded: is the prompt valid UTF-8?")
         try:
-            handle = self.router.batcher.submit(self.router.request_from_pb(request))
+            generation = self.router.request_from_pb(request)
         except InvalidRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        span = trace.get_current_span()
+        span.set_attribute("specrouter.prompt_tokens", len(generation.prompt_ids))
+        handle = self.router.batcher.submit(generation, span.get_span_context())
         context.add_callback(handle.cancel)  # client cancellation and deadlines release the request
         return handle
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import signal
 import sys
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     from specrouter.worker import server as srv
 
     settings = parse_settings(argv)
+    from specrouter import tracing
+
+    tracing.configure("specrouter-worker", os.environ)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     srv.mark_serving(health, False)
     grpc_server.stop(settings.grace_s).wait()
     logging.getLogger(__name__).info("worker %s stopped", info.model_name)
+    tracing.shutdown()
     return 0
 
 

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,10 +35,17 @@ class ServiceProcess:
                 break
             m = LISTENING.search(line)
             if m:
+                # keep draining stdout into the log, or a chatty child would block on a full pipe
+                threading.Thread(target=self._drain, daemon=True).start()
                 host = "127.0.0.1" if m.group(1) in ("[::]", "0.0.0.0") else m.group(1)
                 return f"{host}:{m.group(2)}"
         self.stop()
         raise RuntimeError(f"{self.name} did not start; the end of {self.log_path}:\n{self.log_path.read_text()[-3000:]}")
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self._log.write(line)
+            self._log.flush()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -50,7 +58,8 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
+        if not self._log.closed:
+            self._log.flush()
         return self.proc.returncode
 
 
