@@ -96,7 +96,7 @@ class Router:
                                   repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty") else 1.0,
                                   seed=seed)
         prompt_ids = self.tokenizer(m.prompt, add_special_tokens=False)["input_ids"] if m.prompt else []
-        max_new = m.max_new_tokens or self.settings.default_max_new_tokens
+        max_new = m.max_new_tokens if m.HasField("max_new_tokens") else self.settings.default_max_new_tokens
         validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length)
         chain = parse_chain(m.chain, self.by_size, self.target)
         return GenerationRequest(prompt_ids, sampling, max_new, tuple(m.stop), chain, m.window)
@@ -111,8 +111,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.router = router
 
     def _submit(self, request, context) -> RequestHandle:
-        if request is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request could not be decoded: is the prompt valid UTF-8?")
+        if isinstance(request, Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"request could not be decoded ({request.error}); send the prompt as valid UTF-8")
         try:
             generation = self.router.request_from_pb(request)
         except InvalidRequest as exc:
@@ -172,13 +173,20 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             for n in r.by_size])
 
 
+class Undecodable:
+    """Stands for a request whose bytes did not parse (gRPC itself treats None as INTERNAL)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
 def _lenient(message_type):
-    """A request deserializer that yields None instead of failing, so bad bytes get INVALID_ARGUMENT."""
+    """A request deserializer that never fails, so that bad bytes get INVALID_ARGUMENT from the handler."""
     def parse(data: bytes):
         try:
             return message_type.FromString(data)
-        except Exception:  # noqa: BLE001 - DecodeError, or invalid UTF-8 in a string field
-            return None
+        except Exception as exc:  # noqa: BLE001 - DecodeError, e.g. invalid UTF-8 in a string field
+            return Undecodable(exc)
     return parse
 
 

@@ -195,19 +195,19 @@ def up(
         signal.signal(sig, lambda *_: stop.set())
     try:
         cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
-                               device=device, on_start=lambda s: typer.echo(f"{s.name} up at {s.address}", err=True))
+                               device=device, on_start=lambda s: print(f"{s.name} up at {s.address}", flush=True))
     except (PoolError, RuntimeError) as exc:
         _fail("FAILED_PRECONDITION", str(exc))
     print(f"router listening on {cluster.router.address}", flush=True)
+    dead: list[str] = []
     try:
-        while not stop.wait(1.0):
+        while not stop.wait(1.0) and not dead:
             dead = [s.name for s in cluster.services if not s.alive()]
-            if dead:
-                typer.echo(f"error: {', '.join(dead)} exited; see {log_dir}", err=True)
-                break
     finally:
         cluster.stop()
-        typer.echo("stopped", err=True)
+    if dead:
+        _fail("UNAVAILABLE", f"{', '.join(dead)} exited; see the logs in {log_dir}")
+    typer.echo("stopped", err=True)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -223,3 +223,7 @@ def serve(ctx: typer.Context, service: str = typer.Argument(..., help="router, w
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

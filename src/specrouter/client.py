@@ -108,11 +108,13 @@ class ModelInfo:
     address: str
 
 
-def _request(prompt: str, max_new_tokens: int = 0, temperature: float = 0.0, top_p: float | None = None,
+def _request(prompt: str, max_new_tokens: int | None = None, temperature: float = 0.0, top_p: float | None = None,
              top_k: int = 0, repetition_penalty: float | None = None, seed: int | None = None,
              stop: Sequence[str] = (), chain: str = "auto", window: int = 0) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 top_k=top_k, stop=list(stop), chain=chain, window=window)
+    request = pb.GenerateRequest(prompt=prompt, temperature=temperature, top_k=top_k, stop=list(stop),
+                                 chain=chain, window=window)
+    if max_new_tokens is not None:
+        request.max_new_tokens = max_new_tokens
     if top_p is not None:
         request.top_p = top_p
     if repetition_penalty is not None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecrouter/v1/router.proto\x12\rspecrouter.v1\"\xfc\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\r\n\x05\x63hain\x18\t \x01(\t\x12\x0e\n\x06window\x18\n \x01(\rB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seed\"\x8a\x03\n\x0fGenerationStats\x12\x0e\n\x06\x63ycles\x18\x01 \x01(\r\x12\x45\n\x0c\x63hain_counts\x18\x02 \x03(\x0b\x32/.specrouter.v1.GenerationStats.ChainCountsEntry\x12P\n\x12\x61\x63\x63\x65pted_per_level\x18\x03 \x03(\x0b\x32\x34.specrouter.v1.GenerationStats.AcceptedPerLevelEntry\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x18\n\x10generated_tokens\x18\x05 \x01(\r\x12\x10\n\x08queue_ns\x18\x06 \x01(\x03\x12\x10\n\x08total_ns\x18\x07 \x01(\x03\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x1a\x32\n\x10\x43hainCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x37\n\x15\x41\x63\x63\x65ptedPerLevelEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"y\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x05stats\x18\x04 \x01(\x0b\x32\x1e.specrouter.v1.GenerationStats\"v\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x05stats\x18\x04 \x01(\x0b\x32\x1e.specrouter.v1.GenerationStats\"\x13\n\x11ListModelsRequest\"L\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nparameters\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\">\n\x12ListModelsResponse\x12(\n\x06models\x18\x01 \x03(\x0b\x32\x18.specrouter.v1.ModelInfo2\x81\x02\n\rRouterService\x12K\n\x08Generate\x12\x1e.specrouter.v1.GenerateRequest\x1a\x1f.specrouter.v1.GenerateResponse\x12P\n\x0eGenerateStream\x12\x1e.specrouter.v1.GenerateRequest\x1a\x1c.specrouter.v1.GenerateChunk0\x01\x12Q\n\nListModels\x12 .specrouter.v1.ListModelsRequest\x1a!.specrouter.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecrouter/v1/router.proto\x12\rspecrouter.v1\"\x94\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x1b\n\x0emax_new_tokens\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\r\n\x05\x63hain\x18\t \x01(\t\x12\x0e\n\x06window\x18\n \x01(\rB\x11\n\x0f_max_new_tokensB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seed\"\x8a\x03\n\x0fGenerationStats\x12\x0e\n\x06\x63ycles\x18\x01 \x01(\r\x12\x45\n\x0c\x63hain_counts\x18\x02 \x03(\x0b\x32/.specrouter.v1.GenerationStats.ChainCountsEntry\x12P\n\x12\x61\x63\x63\x65pted_per_level\x18\x03 \x03(\x0b\x32\x34.specrouter.v1.GenerationStats.AcceptedPerLevelEntry\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x18\n\x10generated_tokens\x18\x05 \x01(\r\x12\x10\n\x08queue_ns\x18\x06 \x01(\x03\x12\x10\n\x08total_ns\x18\x07 \x01(\x03\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x1a\x32\n\x10\x43hainCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x37\n\x15\x41\x63\x63\x65ptedPerLevelEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"y\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x05stats\x18\x04 \x01(\x0b\x32\x1e.specrouter.v1.GenerationStats\"v\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x05stats\x18\x04 \x01(\x0b\x32\x1e.specrouter.v1.GenerationStats\"\x13\n\x11ListModelsRequest\"L\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nparameters\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\">\n\x12ListModelsResponse\x12(\n\x06models\x18\x01 \x03(\x0b\x32\x18.specrouter.v1.ModelInfo2\x81\x02\n\rRouterService\x12K\n\x08Generate\x12\x1e.specrouter.v1.GenerateRequest\x1a\x1f.specrouter.v1.GenerateResponse\x12P\n\x0eGenerateStream\x12\x1e.specrouter.v1.GenerateRequest\x1a\x1c.specrouter.v1.GenerateChunk0\x01\x12Q\n\nListModels\x12 .specrouter.v1.ListModelsRequest\x1a!.specrouter.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,23 +36,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._loaded_options = None
   _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=46
-  _globals['_GENERATEREQUEST']._serialized_end=298
-  _globals['_GENERATIONSTATS']._serialized_start=301
-  _globals['_GENERATIONSTATS']._serialized_end=695
-  _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_start=588
-  _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_end=638
-  _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_start=640
-  _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_end=695
-  _globals['_GENERATERESPONSE']._serialized_start=697
-  _globals['_GENERATERESPONSE']._serialized_end=818
-  _globals['_GENERATECHUNK']._serialized_start=820
-  _globals['_GENERATECHUNK']._serialized_end=938
-  _globals['_LISTMODELSREQUEST']._serialized_start=940
-  _globals['_LISTMODELSREQUEST']._serialized_end=959
-  _globals['_MODELINFO']._serialized_start=961
-  _globals['_MODELINFO']._serialized_end=1037
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1039
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1101
-  _globals['_ROUTERSERVICE']._serialized_start=1104
-  _globals['_ROUTERSERVICE']._serialized_end=1361
+  _globals['_GENERATEREQUEST']._serialized_end=322
+  _globals['_GENERATIONSTATS']._serialized_start=325
+  _globals['_GENERATIONSTATS']._serialized_end=719
+  _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_start=612
+  _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_end=662
+  _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_start=664
+  _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_end=719
+  _globals['_GENERATERESPONSE']._serialized_start=721
+  _globals['_GENERATERESPONSE']._serialized_end=842
+  _globals['_GENERATECHUNK']._serialized_start=844
+  _globals['_GENERATECHUNK']._serialized_end=962
+  _globals['_LISTMODELSREQUEST']._serialized_start=964
+  _globals['_LISTMODELSREQUEST']._serialized_end=983
+  _globals['_MODELINFO']._serialized_start=985
+  _globals['_MODELINFO']._serialized_end=1061
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1063
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1125
+  _globals['_ROUTERSERVICE']._serialized_start=1128
+  _globals['_ROUTERSERVICE']._serialized_end=1385
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,283 @@
+"""The services as separate processes: `specrouter up` on the demo pool, a real Redis behind the
+profiler, an OTLP receiver for traces, and clients over gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from specrouter import Client, DeadlineExceededError, InvalidRequestError
+from specrouter.pool.prompts import heldout_code_prompts
+from specrouter.router.inprocess import InProcessPool
+from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, worker_pb2, worker_pb2_grpc
+from specrouter.worker.sampling import SamplingParams
+from tests.conftest import DEMO_POOL
+
+NEW_TOKENS = 24
+START_TIMEOUT_S = 300
+
+
+class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace endpoint that keeps every span: (trace id, span name, service name)."""
+
+    def __init__(self):
+        self.spans: list[tuple[bytes, str, str]] = []
+        self.lock = threading.Lock()
+
+    def Export(self, request, context):
+        with self.lock:
+            for resource_spans in request.resource_spans:
+                service = next((a.value.string_value for a in resource_spans.resource.attributes
+                                if a.key == "service.name"), "")
+                for scope in resource_spans.scope_spans:
+                    for span in scope.spans:
+                        self.spans.append((span.trace_id, span.name, service))
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest.fixture(scope="module")
+def traces():
+    receiver = TraceReceiver()
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, port
+    server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def redis(redis_factory):
+    return redis_factory()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, redis, traces):
+    """`specrouter up --port 0` as a user runs it; yields (process, router address)."""
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{traces[1]}",
+           "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    logs = tmp_path_factory.mktemp("logs")
+    proc = subprocess.Popen([sys.executable, "-m", "specrouter.cli", "up", "--pool", str(DEMO_POOL), "--port", "0",
+                             "--redis-url", redis.url, "--log-dir", str(logs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    services: dict[str, str] = {}   # "profiler", "worker-NAME", "router" -> address
+    address = None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if " up at " in line:
+            name, _, at = line.strip().partition(" up at ")
+            services[name] = at
+        if line.startswith("router listening on "):
+            address = line.split()[-1]
+            break
+        if not line and proc.poll() is not None:
+            break
+    assert address, f"specrouter up did not start: {proc.stderr.read()[-3000:]}"
+    yield proc, address, services
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with Client(cluster[1], timeout_s=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def local() -> InProcessPool:
+    return InProcessPool.open(DEMO_POOL)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    return heldout_code_prompts(6)
+
+
+def live_states(client: Client) -> dict[str, int]:
+    out = {}
+    for m in client.models():
+        with grpc.insecure_channel(m.address) as ch:
+            out[m.name] = worker_pb2_grpc.WorkerServiceStub(ch).Info(worker_pb2.InfoRequest()).live_states
+    return out
+
+
+def wait_no_states(client: Client, timeout: float = 20.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        states = live_states(client)
+        if not any(states.values()) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.2)
+
+
+def test_every_static_chain_through_the_router_is_exact(client, local, prompts) -> None:
+    """Target-only and every chain, requests in flight together, equal in-process target-only greedy."""
+    ids = [local.encode(p) for p in prompts]
+    expected = [r.generated for r in local.generate_ids(ids, (local.target,), 1, [SamplingParams()] * len(ids),
+                                                        NEW_TOKENS)]
+    small, mid = local.by_size()[:2]
+    chains = ["target", f"{small},{local.target}", f"{mid},{local.target}", f"{small},{mid},{local.target}"]
+    with futures.ThreadPoolExecutor(len(prompts)) as pool:
+        for chain in chains:
+            got = list(pool.map(lambda p: client.generate(p, max_new_tokens=NEW_TOKENS, chain=chain, window=3).token_ids,
+                                prompts))
+            assert got == expected, chain
+    assert not any(wait_no_states(client).values())
+
+
+def test_continuous_batching_keeps_each_requests_output(client, prompts) -> None:
+    """Requests of different lengths and parameters, arriving while others run, give what each gives alone."""
+    specs = [dict(max_new_tokens=40), dict(max_new_tokens=8, temperature=0.9, seed=3),
+             dict(max_new_tokens=30, temperature=1.1, top_k=20, seed=4), dict(max_new_tokens=16, repetition_penalty=1.3),
+             dict(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=5), dict(max_new_tokens=12)]
+    chain = dict(chain="auto", window=4)
+    alone = [client.generate(p, **s, **chain).token_ids for p, s in zip(prompts, specs)]
+
+    def late(i):
+        time.sleep(0.15 * i)  # arrive while earlier requests run
+        return client.generate(prompts[i], **specs[i], **chain).token_ids
+
+    with futures.ThreadPoolExecutor(len(specs)) as pool:
+        together = list(pool.map(late, range(len(specs))))
+    assert together == alone
+    assert not any(wait_no_states(client).values())
+
+
+def test_cancelled_stream_releases_its_worker_state(client, prompts) -> None:
+    stream = client.stub.GenerateStream(router_pb2.GenerateRequest(prompt=prompts[0], max_new_tokens=500, window=2))
+    next(stream)
+    stream.cancel()
+    with pytest.raises(grpc.RpcError):
+        list(stream)
+    assert not any(wait_no_states(client).values())
+
+
+def test_deadline_releases_the_request(cluster, client, prompts) -> None:
+    with Client(cluster[1], timeout_s=0.3) as hurried:
+        with pytest.raises(DeadlineExceededError):
+            hurried.generate(prompts[1], max_new_tokens=800, chain="target")
+    assert not any(wait_no_states(client).values())
+
+
+BAD = [
+    (dict(prompt=""), "empty"),
+    (dict(prompt="x = 1\n" * 800), "shorten the prompt"),
+    (dict(max_new_tokens=0), "at least 1"),
+    (dict(max_new_tokens=10**6), "at most"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(chain="nosuchmodel,stdlib-29m"), "unknown model"),
+    (dict(chain="stdlib-1m"), "must end at the target"),
+    (dict(window=99), "window"),
+]
+
+
+@pytest.mark.parametrize("change,words", BAD, ids=[w for _, w in BAD])
+def test_bad_input_is_refused_with_a_useful_message(client, change, words) -> None:
+    params = dict(prompt="def f(x):", max_new_tokens=4) | change
+    with pytest.raises(InvalidRequestError) as err:
+        client.generate(params.pop("prompt"), **params)
+    assert words in err.value.message
+    assert client.generate("def g(y):", max_new_tokens=2).token_ids  # still serving
+
+
+def test_malformed_utf8_is_refused(cluster, client) -> None:
+    raw = b"\x0a\x04\xff\xfe\x80\x81"  # field 1 (prompt), four bytes that are not UTF-8
+    call = client.channel.unary_unary("/specrouter.v1.RouterService/Generate",
+                                      request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    with pytest.raises(grpc.RpcError) as err:
+        call(raw, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in err.value.details()
+    assert client.generate("x", max_new_tokens=1).token_ids
+
+
+def test_cli_generate_json_models_and_errors(cluster) -> None:
+    address = cluster[1]
+    run = lambda *a: subprocess.run([sys.executable, "-m", "specrouter.cli", *a], capture_output=True, text=True,  # noqa: E731
+                                    timeout=120)
+    out = run("generate", "--router", address, "--max-new-tokens", "8", "--json", "import os")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert {"text", "token_ids", "finish_reason", "cycles", "chain_counts", "accepted_per_level"} <= set(data)
+    assert len(data["token_ids"]) == 8 and data["finish_reason"] == "length"
+    models = json.loads(run("models", "--router", address, "--json").stdout)
+    assert [m["role"] for m in models].count("target") == 1 and all(m["parameters"] > 0 for m in models)
+    bad = run("generate", "--router", address, "--chain", "nope", "x")
+    assert bad.returncode != 0 and "INVALID_ARGUMENT" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def profiler_snapshot(address: str, until=lambda snap: True, timeout: float = 10.0) -> profiler_pb2.SnapshotResponse:
+    with grpc.insecure_channel(address) as ch:
+        stub = profiler_pb2_grpc.ProfilerServiceStub(ch)
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = stub.Snapshot(profiler_pb2.SnapshotRequest())
+            if until(snap) or time.monotonic() > deadline:
+                return snap
+            time.sleep(0.2)
+
+
+def test_profiler_holds_measurements_from_the_router(cluster, client) -> None:
+    client.generate("class Stack:", max_new_tokens=16, chain="stdlib-1m,stdlib-5m,stdlib-29m")
+    models = {m.name for m in client.models()}
+    snap = profiler_snapshot(cluster[2]["profiler"], until=lambda s: {f.model for f in s.forward} == models)
+    assert {f.model for f in snap.forward} == models and not snap.stale
+    assert any(a.proposed_total > 0 for a in snap.acceptance)
+
+
+def test_one_trace_per_request_spans_every_service(client, traces) -> None:
+    receiver, _ = traces
+    client.generate("def parse(text):", max_new_tokens=8, chain="stdlib-1m,stdlib-5m,stdlib-29m", window=3)
+    services = {"specrouter-router", "specrouter-profiler"} | {f"specrouter-worker-{m.name}" for m in client.models()}
+    deadline = time.monotonic() + 15
+    while True:
+        with receiver.lock:
+            spans = list(receiver.spans)
+        generate_traces = {t for t, name, _ in spans if name == "/specrouter.v1.RouterService/Generate"}
+        by_trace = {t: {svc for tt, _, svc in spans if tt == t} for t in generate_traces}
+        if any(found >= services for found in by_trace.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert any(found >= services for found in by_trace.values()), by_trace
+    names = {name for t, name, _ in spans if t in generate_traces}
+    assert {"cycle", "/specrouter.v1.WorkerService/Draft", "/specrouter.v1.WorkerService/Verify"} <= names
+
+
+def test_redis_outage_does_not_stop_the_router(cluster, client, redis) -> None:
+    profiler = cluster[2]["profiler"]
+    redis.kill()
+    try:
+        assert client.generate("for i in range(10):", max_new_tokens=12).token_ids
+        assert profiler_snapshot(profiler, until=lambda s: s.stale).stale
+    finally:
+        redis.start()
+    for _ in range(20):  # the profiler skips the store for a moment after a failure; keep reporting
+        client.generate("while True:", max_new_tokens=12)
+        snap = profiler_snapshot(profiler, until=lambda s: not s.stale and bool(s.forward), timeout=1.0)
+        if snap.forward:
+            break
+    assert not snap.stale and snap.forward
+
+
+def test_sigint_stops_every_service(cluster) -> None:
+    proc, _, services = cluster
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) == len(services)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 0
+    for pid in children:
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
