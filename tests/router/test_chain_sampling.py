@@ -8,7 +8,6 @@ Each assertion is a chi-square test at P_THRESHOLD, its false-positive rate.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import pytest
 import torch
