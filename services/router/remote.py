@@ -25,26 +25,33 @@ class RemoteWorker:
         self.info = self.stub.Info(pb.InfoRequest(), timeout=timeout_s, wait_for_ready=True)
         self.name = self.info.model_name
         self.vocab = self.info.vocab_size
+        self.calls = self.bytes_sent = self.bytes_received = 0  # traffic counters, for benchmarks
+
+    def _call(self, method, request):
+        reply = method(request, timeout=self.timeout_s)
+        self.calls += 1
+        self.bytes_sent += request.ByteSize()
+        self.bytes_received += reply.ByteSize()
+        return reply
 
     def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]]) -> StepResult:
-        reply = self.stub.Prefill(pb.PrefillRequest(state_id=state_id, rows=[
-            pb.PrefillRow(row_id=r, tokens=list(t)) for r, t in rows]), timeout=self.timeout_s)
+        reply = self._call(self.stub.Prefill, pb.PrefillRequest(state_id=state_id, rows=[
+            pb.PrefillRow(row_id=r, tokens=list(t)) for r, t in rows]))
         return StepResult(tokens=[[] for _ in rows], rows=[None] * len(rows),
                           timings=protocol.timings_from_pb(reply.timing))
 
     def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult:
-        reply = self.stub.Draft(pb.DraftRequest(state_id=state_id, level=level, window=window,
-                                                rows=[protocol.step_to_pb(r) for r in rows]), timeout=self.timeout_s)
+        reply = self._call(self.stub.Draft, pb.DraftRequest(state_id=state_id, level=level, window=window,
+                                                            rows=[protocol.step_to_pb(r) for r in rows]))
         return protocol.step_result_from_pb(reply, self.vocab, verify=False)
 
     def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:
-        reply = self.stub.Verify(pb.VerifyRequest(state_id=state_id, level=level, hand_up=hand_up,
-                                                  rows=[protocol.verify_row_to_pb(r) for r in rows]),
-                                 timeout=self.timeout_s)
+        reply = self._call(self.stub.Verify, pb.VerifyRequest(state_id=state_id, level=level, hand_up=hand_up,
+                                                              rows=[protocol.verify_row_to_pb(r) for r in rows]))
         return protocol.step_result_from_pb(reply, self.vocab, verify=True)
 
     def release(self, state_id: str, row_ids: Sequence[str] | None = None) -> None:
-        self.stub.Release(pb.ReleaseRequest(state_id=state_id, row_ids=list(row_ids or [])), timeout=self.timeout_s)
+        self._call(self.stub.Release, pb.ReleaseRequest(state_id=state_id, row_ids=list(row_ids or [])))
 
     def close(self) -> None:
         self.channel.close()
