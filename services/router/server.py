@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 from opentelemetry import trace
 
+from specrouter import serving
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
 from specrouter.router.chain import ChainBatch, Row
@@ -201,15 +201,8 @@ def create_server(settings: RouterSettings, router: Router) -> tuple[grpc.Server
         "ListModels": grpc.unary_unary_rpc_method_handler(servicer.ListModels, pb.ListModelsRequest.FromString, ser),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in (SERVICE_NAME, ""):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    if port == 0:
-        raise OSError(f"cannot listen on {settings.host}:{settings.port}")
-    return server, port, health_servicer
+    health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=True)
+    return server, serving.listen(server, settings.host, settings.port), health_servicer
 
 
 def connect_workers(settings: RouterSettings) -> dict[str, RemoteWorker]:

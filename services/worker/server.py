@@ -8,9 +8,9 @@ from collections.abc import Callable
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
+from specrouter import serving
 from specrouter.pool.load import load_model, parse_dtype, tokenizer_fingerprint
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.v1 import worker_pb2_grpc
@@ -130,18 +130,9 @@ def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoR
         options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)],
     )
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine, info), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in (SERVICE_NAME, ""):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    if port == 0:
-        raise OSError(f"cannot listen on {settings.host}:{settings.port}")
-    return server, port, health_servicer
+    health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=False)  # until warmed up
+    return server, serving.listen(server, settings.host, settings.port), health_servicer
 
 
-def mark_serving(health_servicer: health.HealthServicer, serving: bool) -> None:
-    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-    for name in (SERVICE_NAME, ""):
-        health_servicer.set(name, status)
+def mark_serving(health_servicer: health.HealthServicer, serving_now: bool) -> None:
+    serving.set_serving(health_servicer, SERVICE_NAME, serving_now)
