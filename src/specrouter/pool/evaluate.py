@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from dataclasses import dataclass
@@ -51,13 +52,14 @@ def decode_latency_ms(model: PreTrainedModel, batch_size: int, prompt_len: int =
     """Median wall time of one single-token decode step with a KV cache, in milliseconds."""
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=gen)
-    cache = DynamicCache()
-    out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = {kwarg: DynamicCache()}
+    out = model(input_ids=prompt, use_cache=True, **cache)
     token = out.logits[:, -1:].argmax(-1)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        out = model(input_ids=token, use_cache=True, **cache)
         token = out.logits[:, -1:].argmax(-1)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[steps // 4 :]) * 1e3
