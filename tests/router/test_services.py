@@ -3,6 +3,7 @@ profiler, an OTLP receiver for traces, and clients over gRPC."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from specrouter import Client, DeadlineExceededError, InvalidRequestError
+from specrouter import AsyncClient, Client, DeadlineExceededError, InvalidRequestError
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.inprocess import InProcessPool
 from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, worker_pb2, worker_pb2_grpc
@@ -165,11 +166,43 @@ def test_cancelled_stream_releases_its_worker_state(client, prompts) -> None:
     assert not any(wait_no_states(client).values())
 
 
-def test_deadline_releases_the_request(cluster, client, prompts) -> None:
-    with Client(cluster[1], timeout_s=0.3) as hurried:
+@pytest.fixture(scope="module")
+def long_prompt(client, prompts) -> str:
+    """A prompt whose greedy continuation runs 200 tokens without EOS."""
+    return next(p for p in prompts if client.generate(p, max_new_tokens=200, chain="target").finish_reason == "length")
+
+
+def test_deadline_releases_the_request(cluster, client, long_prompt) -> None:
+    with Client(cluster[1], timeout_s=0.3) as hurried:  # seconds of work against a 0.3 s deadline
         with pytest.raises(DeadlineExceededError):
-            hurried.generate(prompts[1], max_new_tokens=800, chain="target")
+            hurried.generate(long_prompt, max_new_tokens=200, chain="target")
     assert not any(wait_no_states(client).values())
+
+
+def test_stop_strings_end_the_output(client, local, long_prompt) -> None:
+    free = client.generate(long_prompt, max_new_tokens=32, chain="target")
+    cut = next(i for i in range(6, 30) if local.tokenizer.decode(free.token_ids[i : i + 2]).strip())
+    stop = local.tokenizer.decode(free.token_ids[cut : cut + 2])
+    got = client.generate(long_prompt, max_new_tokens=32, chain="stdlib-1m,stdlib-29m", window=4, stop=[stop])
+    assert got.finish_reason == "stop" and stop in got.text
+    assert got.token_ids == free.token_ids[: len(got.token_ids)]
+    assert stop not in local.tokenizer.decode(got.token_ids[:-1])  # nothing kept past the stop
+
+
+def test_async_client_and_streaming_agree_with_the_blocking_client(cluster, client, prompts) -> None:
+    expected = client.generate(prompts[3], max_new_tokens=20, temperature=0.8, seed=9)
+
+    async def run():
+        async with AsyncClient(cluster[1]) as aclient:
+            result = await aclient.generate(prompts[3], max_new_tokens=20, temperature=0.8, seed=9)
+            chunks = [c async for c in aclient.generate_stream(prompts[3], max_new_tokens=20, temperature=0.8, seed=9)]
+        return result, chunks
+
+    result, chunks = asyncio.run(run())
+    assert result.token_ids == expected.token_ids and result.text == expected.text
+    assert [t for c in chunks for t in c.token_ids] == expected.token_ids
+    assert "".join(c.text for c in chunks) == expected.text
+    assert chunks[-1].finish_reason == "length" and chunks[-1].stats.generated_tokens == 20
 
 
 BAD = [
