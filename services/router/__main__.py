@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     grpc_server.stop(settings.grace_s).wait()
     router.batcher.stop()
     router.reporter.close()
+    router.metrics.close()
     tracing.shutdown()
     return 0
 

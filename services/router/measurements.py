@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -92,3 +93,36 @@ class Reporter:
         if self._stub is not None:
             self._queue.put(None)
             self._thread.join(5)
+
+
+class SnapshotCache:
+    """The profiler's latest snapshot, refreshed in the background so that decisions never wait on it."""
+
+    def __init__(self, address: str | None, refresh_s: float = 1.0, timeout_s: float = 2.0):
+        self._stub = profiler_pb2_grpc.ProfilerServiceStub(grpc.insecure_channel(address)) if address else None
+        self._refresh_s, self._timeout_s = refresh_s, timeout_s
+        self._latest: pb.SnapshotResponse | None = None
+        self._fetched_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="profiler-snapshot", daemon=True)
+        if self._stub is not None:
+            self._thread.start()
+
+    def get(self) -> tuple[pb.SnapshotResponse | None, float]:
+        """(latest snapshot or None, seconds since it was fetched)."""
+        return self._latest, time.monotonic() - self._fetched_at
+
+    def refresh(self) -> None:
+        try:
+            self._latest = self._stub.Snapshot(pb.SnapshotRequest(), timeout=self._timeout_s)
+            self._fetched_at = time.monotonic()
+        except grpc.RpcError as exc:  # keep the last one; its age tells how old it is
+            log.debug("profiler snapshot failed (%s)", exc.code())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self._refresh_s)
+
+    def close(self) -> None:
+        self._stop.set()

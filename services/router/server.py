@@ -16,7 +16,7 @@ from specrouter import serving
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
 from specrouter.router.chain import ChainBatch, Row
-from specrouter.router.measurements import Reporter
+from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.remote import RemoteWorker
 from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain, validate
 from specrouter.router.settings import RouterSettings
@@ -68,6 +68,7 @@ class Router:
         default = parse_chain(settings.default_chain, self.by_size, self.target) if settings.default_chain else None
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
         self.reporter = Reporter(settings.profiler or None)
+        self.metrics = SnapshotCache(settings.profiler or None, settings.snapshot_refresh_s)
         self.batcher = Batcher(workers, self.target, self.context_length, self.tokenizer.eos_token_id,
                                self.choose_auto, self.stop_check, self.reporter.observe)
 

@@ -13,6 +13,7 @@ class RouterSettings(BaseSettings):
     workers: list[str]                  # worker addresses, HOST:PORT, one per pool model
     tokenizer_dir: Path                 # the target's tokenizer (a checkpoint directory)
     profiler: str = ""                  # profiler address; empty: no measurements are reported
+    snapshot_refresh_s: float = 1.0     # how often the profiler's metrics are fetched for decisions
     target: str = ""                    # the target's name; empty: the largest model
     default_chain: str = ""             # chain for "auto" until the scheduler decides; empty: smallest + target
     default_window: int = 4             # draft window when the request gives none

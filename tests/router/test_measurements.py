@@ -1,0 +1,63 @@
+"""What the router measures reaches the profiler, and the router holds the profiler's latest snapshot."""
+
+from __future__ import annotations
+
+import time
+
+from specrouter.profiler.memory_store import MemoryStore
+from specrouter.profiler.server import create_server
+from specrouter.profiler.settings import ProfilerSettings
+from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
+from specrouter.router.measurements import Reporter, SnapshotCache, cycle_measurements
+from specrouter.v1 import profiler_pb2 as pb
+from specrouter.worker.sampling import SamplingParams
+
+
+def run_chain(engines, reports: list[CycleReport], rows_seen: list) -> None:
+    batch = ChainBatch(engines, "t", 256)
+    batch.add([Row("a", [1, 2, 3], 3, SamplingParams(), 12), Row("b", [4, 5], 2, SamplingParams(temperature=1.0), 12)])
+    run_to_completion(batch, lambda _: (("s", "m", "t"), 3),
+                      lambda r: (reports.append(r), rows_seen.append(list(batch.rows.values()))))
+
+
+def test_cycle_measurements_count_tested_and_accepted_positions(tiny_pool) -> None:
+    reports, rows = [], []
+    run_chain(tiny_pool, reports, rows)
+    request = cycle_measurements(reports[0], rows[0])
+    assert {f.model for f in request.forward} == {"s", "m", "t"}
+    pairs = {(a.drafter, a.verifier) for a in request.acceptance}
+    assert pairs <= {("s", "m"), ("m", "t")} and pairs
+    modes = {a.mode for a in request.acceptance}
+    assert modes <= {pb.DECODING_MODE_GREEDY, pb.DECODING_MODE_SAMPLING}
+    for a in request.acceptance:
+        assert 0 <= a.accepted <= a.proposed
+    # position 0 is tested once per row and level: proposed counts at position 0 equal the rows
+    by_pair = {}
+    for a in request.acceptance:
+        if a.position == 0:
+            by_pair[(a.drafter, a.verifier)] = by_pair.get((a.drafter, a.verifier), 0) + a.proposed
+    assert all(v == 2 for v in by_pair.values())
+
+
+def test_reports_reach_the_profiler_and_the_snapshot_comes_back(tiny_pool) -> None:
+    server, port = create_server(ProfilerSettings(host="127.0.0.1", port=0), MemoryStore(0.1))
+    server.start()
+    try:
+        address = f"127.0.0.1:{port}"
+        reporter, cache = Reporter(address), SnapshotCache(address, refresh_s=0.05)
+        reports, rows = [], []
+        run_chain(tiny_pool, reports, rows)
+        for report, seen in zip(reports, rows):
+            reporter.observe(report, seen)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            snap, age = cache.get()
+            if snap is not None and {f.model for f in snap.forward} == {"s", "m", "t"}:
+                break
+            time.sleep(0.05)
+        assert snap is not None and {f.model for f in snap.forward} == {"s", "m", "t"} and age < 5
+        assert sum(a.proposed_total for a in snap.acceptance) > 0
+        reporter.close()
+        cache.close()
+    finally:
+        server.stop(0)
