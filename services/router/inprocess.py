@@ -38,21 +38,6 @@ def chain_name(chain: Sequence[str]) -> str:
     return ",".join(chain)
 
 
-def parse_chain(spec: str, names: Sequence[str], target: str) -> tuple[str, ...]:
-    """`target` -> (target,); `a,b,target` -> that chain. Raises ValueError with what to fix."""
-    if spec == "target":
-        return (target,)
-    chain = tuple(s.strip() for s in spec.split(",") if s.strip())
-    unknown = [m for m in chain if m not in names]
-    if unknown:
-        raise ValueError(f"unknown model(s) {unknown} in chain {spec!r}; the pool has {list(names)}")
-    if not chain or chain[-1] != target:
-        raise ValueError(f"chain {spec!r} must end at the target {target!r}")
-    if len(set(chain)) != len(chain):
-        raise ValueError(f"chain {spec!r} names a model twice")
-    return chain
-
-
 class InProcessPool:
     def __init__(self, pool: PoolDir, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  settings: EngineSettings = EngineSettings()):
