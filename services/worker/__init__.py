@@ -6,4 +6,6 @@
 - `verify.py`    the lossless acceptance rule (accepted / recovered / bonus tokens)
 - `rows.py`      distribution rows as they travel between levels
 - `engine.py`    the operations a worker serves: prefill, draft, verify, release
+- `protocol.py`  protobuf at the edge: messages to and from the engine's dataclasses
+- `server.py`    the worker's gRPC server; `settings.py` its settings; `__main__.py` the process
 """

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrouter.pool.load import PoolDir
@@ -13,7 +12,6 @@ from specrouter.router.chain import ChainBatch, Row, run_to_completion
 from specrouter.router.inprocess import InProcessPool
 from specrouter.router.remote import RemoteWorker
 from specrouter.v1 import worker_pb2 as pb
-from specrouter.v1 import worker_pb2_grpc
 from specrouter.worker.sampling import SamplingParams
 from tests.conftest import DEMO_POOL
 from specrouter.launcher import ServiceProcess
