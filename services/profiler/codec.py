@@ -39,7 +39,7 @@ def samples_from_pb(request: pb.ReportRequest) -> list[Sample]:
         *_each("acceptance", request.acceptance,
                lambda m: AcceptanceSample(m.drafter, m.verifier, _mode(m.mode), m.position, m.accepted, m.proposed)),
         *_each("similarity", request.similarity,
-               lambda m: SimilaritySample(m.drafter, m.verifier, m.similarity)),
+               lambda m: SimilaritySample(m.drafter, m.verifier, _mode(m.mode), m.similarity, m.positions or 1)),
     ]
 
 
@@ -53,7 +53,8 @@ def snapshot_to_pb(view: SnapshotView) -> pb.SnapshotResponse:
                                       position=a.position, ema_acceptance_rate=a.ema_acceptance_rate,
                                       accepted_total=a.accepted_total, proposed_total=a.proposed_total,
                                       samples=a.samples) for a in metrics.acceptance],
-        similarity=[pb.Similarity(drafter=s.drafter, verifier=s.verifier, ema_similarity=s.ema_similarity,
-                                  samples=s.samples) for s in metrics.similarity],
+        similarity=[pb.Similarity(drafter=s.drafter, verifier=s.verifier, mode=_MODE_TO_PB[s.mode],
+                                  ema_similarity=s.ema_similarity, samples=s.samples,
+                                  positions_total=s.positions_total) for s in metrics.similarity],
         stale=view.stale, age_ms=view.age_ms, ema_alpha=view.ema_alpha, reports_dropped=view.reports_dropped,
     )

@@ -5,13 +5,15 @@ vector x together with the running total of x:
 
     ema_n = (1 - alpha) * ema_{n-1} + alpha * x_n,    ema_0 = 0,    total_n = total_{n-1} + x_n
 
-Forward latency and similarity keep x = (1, value) and read the mean as ema[1] / ema[0]: dividing by the
-EMA of a constant 1 (= 1 - (1 - alpha)^n) removes the pull towards the zero start, so the first report
-counts at face value. Acceptance keeps x = (1, accepted, proposed): its rate is ema[1] / ema[2], an EMA of
-the rate in which each report weighs as much as the proposals it saw, and its totals are exact counts.
+Forward latency keeps x = (1, value) and reads the mean as ema[1] / ema[0]: dividing by the EMA of a
+constant 1 (= 1 - (1 - alpha)^n) removes the pull towards the zero start, so the first report counts at
+face value. Acceptance keeps x = (1, accepted, proposed): its rate is ema[1] / ema[2], an EMA of the rate
+in which each report weighs as much as the proposals it saw, and its totals are exact counts. Similarity
+keeps x = (1, positions, positions * similarity) the same way, weighted by the positions compared.
 
-Batch size and tokens per row are kept per power-of-two bucket (3 -> 4, 5..8 -> 8): a forward pass costs
-about the same across a bucket, and the number of keys stays logarithmic in the largest batch.
+Batch size and tokens per row are kept exactly up to 16 (windows of 1 to 8 verify 2 to 9 tokens, and 3
+tokens cost measurably less than 4 on a CPU), beyond that per power-of-two bucket (17..32 -> 32): a
+forward pass costs about the same across a large bucket, and the number of keys stays logarithmic.
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ class Mode(enum.Enum):
     SAMPLING = "sampling"
 
 
+EXACT_UP_TO = 16
+
+
 def bucket(n: int) -> int:
-    """The power-of-two bucket of n >= 1: the smallest power of two >= n."""
-    return 1 << (n - 1).bit_length()
+    """The bucket of n >= 1: n itself up to EXACT_UP_TO, else the smallest power of two >= n."""
+    return n if n <= EXACT_UP_TO else 1 << (n - 1).bit_length()
 
 
 def _check_name(field: str, name: str) -> None:
@@ -121,17 +126,22 @@ class SimilaritySample:
     family: ClassVar[str] = SIMILARITY
     drafter: str
     verifier: str
+    mode: Mode
     similarity: float
+    positions: int = 1
 
     def __post_init__(self) -> None:
         _check_pair(self.drafter, self.verifier)
         _check_range("similarity", self.similarity, 0.0, 1.0, " (1 - total variation distance)")
+        if self.positions < 1:
+            raise InvalidMeasurement(f"positions must be >= 1, got {self.positions}: "
+                                     "send no similarity for a verify call that compared no position")
 
     def key(self) -> tuple:
-        return (self.drafter, self.verifier)
+        return (self.drafter, self.verifier, self.mode.value)
 
     def vector(self) -> tuple[float, ...]:
-        return (1.0, float(self.similarity))
+        return (1.0, float(self.positions), float(self.positions) * self.similarity)
 
 
 Sample = ForwardSample | AcceptanceSample | SimilaritySample
@@ -195,8 +205,10 @@ class AcceptanceRate:
 class Similarity:
     drafter: str
     verifier: str
+    mode: Mode
     ema_similarity: float
     samples: int
+    positions_total: int
 
 
 def _ratio(num: float, den: float) -> float:
@@ -219,6 +231,6 @@ class MetricsSnapshot:
         acceptance = [AcceptanceRate(d, v, Mode(mode), pos, _ratio(r.ema[1], r.ema[2]),
                                      round(r.total[1]), round(r.total[2]), round(r.total[0]))
                       for (d, v, mode, pos), r in rows(ACCEPTANCE)]
-        similarity = [Similarity(d, v, _ratio(r.ema[1], r.ema[0]), round(r.total[0]))
-                      for (d, v), r in rows(SIMILARITY)]
+        similarity = [Similarity(d, v, Mode(mode), _ratio(r.ema[2], r.ema[1]), round(r.total[0]), round(r.total[1]))
+                      for (d, v, mode), r in rows(SIMILARITY) if len(r.ema) == 3]
         return cls(tuple(forward), tuple(acceptance), tuple(similarity))

@@ -15,6 +15,7 @@ A chain of the target alone is plain decoding through the same code.
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ class CycleReport:
     accepted: dict[str, list[int]]              # level model -> accepted proposal tokens per row
     proposed: dict[str, list[int]]              # level model -> proposal length per row
     results: dict[str, StepResult]              # level model -> its step (timings)
+    call_ns: dict[str, int] = field(default_factory=dict)  # level model -> wall time of its call, round trip included
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -122,6 +124,7 @@ class ChainBatch:
         room = min(self.context_length - len(r.tokens) - 1 for r in rows)
         window = max(1, min(window, room))
         results: dict[str, StepResult] = {}
+        call_ns: dict[str, int] = {}
         accepted: dict[str, list[int]] = {}
         proposed: dict[str, list[int]] = {}
         processed: dict[str, list[list[int]]] = {}   # per model, per row: speculative tokens it cached
@@ -131,7 +134,9 @@ class ChainBatch:
             proposal_rows = [None for _ in rows]
         else:
             drafter = chain[0]
+            started = time.perf_counter_ns()
             result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows))
+            call_ns[drafter] = time.perf_counter_ns() - started
             results[drafter] = result
             proposal, proposal_rows = result.tokens, result.rows
             processed[drafter] = [t[:-1] for t in proposal]
@@ -144,7 +149,9 @@ class ChainBatch:
                           rollback=s.rollback, proposal=tuple(p), proposal_rows=q)
                 for s, p, q in zip(self._steps(model, rows), proposal, proposal_rows)
             ]
+            started = time.perf_counter_ns()
             result = self.workers[model].verify(self.state_id, level, steps, hand_up)
+            call_ns[model] = time.perf_counter_ns() - started
             results[model] = result
             processed[model] = [list(p) for p in proposal]
             accepted[model] = result.accepted
@@ -161,7 +168,7 @@ class ChainBatch:
                 r.spec[model] = spec[keep:]
         for r in rows:
             r.cycle += 1
-        return CycleReport(chain, window, emitted, accepted, proposed, results)
+        return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns)
 
     def _steps(self, model: str, rows: Sequence[Row]) -> list[RowStep]:
         steps = []

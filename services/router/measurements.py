@@ -21,7 +21,8 @@ QUEUE_LIMIT = 1024  # cycles waiting to be reported; beyond it the oldest measur
 
 
 def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportRequest:
-    """Forward timings of every model, and acceptance per (drafter, verifier, mode, position)."""
+    """Forward timings of every model, acceptance per (drafter, verifier, mode, position), and similarity
+    per (drafter, verifier, mode) over every proposal position its verifier compared."""
     request = pb.ReportRequest()
     for model, result in report.results.items():
         for t in result.timings:
@@ -41,6 +42,19 @@ def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportReq
     for (drafter, verifier, mode, position), (acc, prop) in counts.items():
         request.acceptance.add(drafter=drafter, verifier=verifier, mode=mode, position=position,
                                accepted=acc, proposed=prop)
+    similar: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0])
+    for level in range(1, len(chain)):
+        drafter, verifier = chain[level - 1], chain[level]
+        sums = report.results[verifier].similarity
+        for row, total, proposed in zip(rows, sums, report.proposed[verifier]):
+            if proposed:
+                mode = pb.DECODING_MODE_GREEDY if row.sampling.greedy else pb.DECODING_MODE_SAMPLING
+                s = similar[(drafter, verifier, mode)]
+                s[0] += total
+                s[1] += proposed
+    for (drafter, verifier, mode), (total, positions) in similar.items():
+        request.similarity.add(drafter=drafter, verifier=verifier, mode=mode, positions=positions,
+                               similarity=min(1.0, max(0.0, total / positions)))
     return request
 
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     engine, info = srv.build_engine(settings)
     grpc_server, port, health = srv.create_server(settings, engine, info)
     grpc_server.start()
-    srv.warm_up(engine)
+    srv.warm_up(engine, info, settings.profile_batch_sizes, settings.profile_tokens_per_row)
     srv.mark_serving(health, True)
     print(f"worker {info.model_name} listening on {settings.host}:{port}", flush=True)
 

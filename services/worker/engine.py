@@ -20,7 +20,7 @@ from specrouter.worker import rows as wire
 from specrouter.worker.forward import ForwardTiming, ModelForward
 from specrouter.worker.sampling import BatchSampling, SamplingParams, next_token_probs, row_uniforms, sample, token_presence
 from specrouter.worker.state import MaskedKVState, StateError
-from specrouter.worker.verify import verify_proposal
+from specrouter.worker.verify import proposal_similarity, verify_proposal
 
 
 class UnknownStateError(KeyError):
@@ -60,6 +60,7 @@ class StepResult:
     tokens: list[list[int]]                  # per row: the draft, or the verified proposal (accepted + 1)
     rows: list[torch.Tensor | None]          # per row: [len, vocab] fp16 wire rows handed upward, or None
     accepted: list[int] = field(default_factory=list)  # verify only: accepted proposal tokens per row
+    similarity: list[float] = field(default_factory=list)  # verify only, per row: sum over the proposal of 1 - TV(p, q)
     timings: list[ForwardTiming] = field(default_factory=list)
 
     @property
@@ -228,12 +229,14 @@ class WorkerEngine:
                 u_accept[i, : len(u) - 1] = u[:-1]
             u_sample = torch.stack([u[-1] for u in uniforms])
             verdict = verify_proposal(proposal, lengths, q, p, u_accept, u_sample)
+            similarity = proposal_similarity(q, p, lengths).tolist()
             accepted = verdict.accepted.tolist()
             nxt = verdict.next_token.tolist()
             out_tokens = [list(r.proposal[:a]) + [y] for r, a, y in zip(rows, accepted, nxt)]
             out_rows = [p_wire[i, : a + 1] if p_wire is not None and not r.sampling.greedy else None
                         for i, (r, a) in enumerate(zip(rows, accepted))]
-            return StepResult(tokens=out_tokens, rows=out_rows, accepted=accepted, timings=[timing])
+            return StepResult(tokens=out_tokens, rows=out_rows, accepted=accepted, similarity=similarity,
+                              timings=[timing])
 
     # -- helpers ----------------------------------------------------------------------------------
 

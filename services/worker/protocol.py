@@ -83,8 +83,9 @@ def timings_from_pb(m: pb.Timing) -> list[ForwardTiming]:
 
 def step_result_to_pb(result: StepResult, row_ids: Sequence[str], handler_ns: int) -> pb.StepResponse:
     accepted = result.accepted or [0] * len(row_ids)
-    proposals = [pb.Proposal(row_id=r, tokens=t, rows=rows_to_pb(q), accepted=a)
-                 for r, t, q, a in zip(row_ids, result.tokens, result.rows, accepted)]
+    similarity = result.similarity or [0.0] * len(row_ids)
+    proposals = [pb.Proposal(row_id=r, tokens=t, rows=rows_to_pb(q), accepted=a, similarity=sim)
+                 for r, t, q, a, sim in zip(row_ids, result.tokens, result.rows, accepted, similarity)]
     return pb.StepResponse(proposals=proposals, timing=timing_to_pb(result.timings, handler_ns))
 
 
@@ -94,5 +95,6 @@ def step_result_from_pb(m: pb.StepResponse, vocab: int, verify: bool) -> StepRes
         tokens=[list(p.tokens) for p in m.proposals],
         rows=[rows_from_pb(p.rows, vocab, cpu) for p in m.proposals],
         accepted=[p.accepted for p in m.proposals] if verify else [],
+        similarity=[p.similarity for p in m.proposals] if verify else [],
         timings=timings_from_pb(m.timing),
     )

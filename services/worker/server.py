@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 
 import grpc
+import torch
 from grpc_health.v1 import health
 
 from specrouter import serving
@@ -111,8 +112,11 @@ def build_engine(settings: WorkerSettings) -> tuple[WorkerEngine, pb.InfoRespons
     return engine, info
 
 
-def warm_up(engine: WorkerEngine) -> None:
-    """One prefill, draft and verify on a throwaway state, so the first request pays no start-up cost."""
+def warm_up(engine: WorkerEngine, info: pb.InfoResponse, batch_sizes: Sequence[int] = (),
+            tokens_per_row: Sequence[int] = (), context: int = 32) -> None:
+    """One prefill, draft and verify on a throwaway state, so the first request pays no start-up cost;
+    then one forward per (batch size, tokens per row) of the profile grid, recorded in `info` as the
+    scheduler's latency prior for this model."""
     from specrouter.worker.engine import RowStep, VerifyRow
 
     state = "__warmup__"
@@ -120,6 +124,19 @@ def warm_up(engine: WorkerEngine) -> None:
     engine.draft(state, 0, 2, [RowStep("w", [4], SamplingParams(), 0)])
     engine.verify(state, 1, [VerifyRow("w", [5], SamplingParams(), 1, rollback=1, proposal=[6])], hand_up=False)
     engine.release(state)
+    forward = engine.forward
+    with torch.inference_mode():
+        for b in batch_sizes:
+            kv = forward.empty_state([f"w{i}" for i in range(b)])
+            prompt = torch.ones(b, context, dtype=torch.long, device=forward.device)
+            forward(kv, prompt, torch.ones_like(prompt, dtype=torch.bool))
+            for i, k in enumerate([*tokens_per_row[:1], *tokens_per_row]):  # the first one twice: a warm pass
+                block = torch.ones(b, k, dtype=torch.long, device=forward.device)
+                _, timing = forward(kv, block, torch.ones_like(block, dtype=torch.bool))
+                kv.rollback(torch.full((b,), k, dtype=torch.long))
+                if i > 0:
+                    info.warmup_forwards.add(forward_ns=timing.forward_ns, batch_size=timing.batch_size,
+                                             tokens_per_row=timing.tokens_per_row, tokens_valid=timing.tokens_valid)
 
 
 def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoResponse,

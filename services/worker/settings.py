@@ -22,6 +22,9 @@ class WorkerSettings(BaseSettings):
     max_window: int = 16                # draft window; sizes the message limits
     threads: int = 16                   # gRPC handler threads (forward passes are serialised per model)
     grace_s: float = 10.0               # shutdown grace for in-flight calls
+    # Warm-up latency profile, the scheduler's prior before live measurements: one forward per pair.
+    profile_batch_sizes: list[int] = [1, 2, 4, 8, 16]
+    profile_tokens_per_row: list[int] = [1, 2, 3, 4, 5, 7, 9]
 
     @property
     def model_name(self) -> str:

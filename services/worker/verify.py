@@ -49,3 +49,23 @@ def verify_proposal(
     mass = residual.sum(-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny), p_a)
     return Verdict(accepted=accepted, next_token=sample(residual, u_sample))
+
+
+def proposal_similarity(
+    draft_probs: torch.Tensor,    # [B, K, V] q
+    target_probs: torch.Tensor,   # [B, K + 1, V] p
+    draft_lengths: torch.Tensor,  # [B]
+) -> torch.Tensor:
+    """Per row, the sum over its k proposal positions of sum_x min(p(x), q(x)) = 1 - TV(p, q).
+
+    Every position of the proposal counts, also those after the first rejection: this is how close the
+    two models are, not how many tokens this cycle accepted. Under sampling its mean is the expected
+    acceptance of a token drawn from q (Leviathan et al., Theorem 3.5); under greedy (one-hot rows) it
+    counts the positions where the two argmaxes agree.
+    """
+    b, k = draft_probs.shape[:2]
+    if k == 0:
+        return torch.zeros(b, device=draft_probs.device)
+    overlap = torch.minimum(draft_probs, target_probs[:, :k]).sum(-1)                       # [B, K]
+    in_range = torch.arange(k, device=draft_probs.device)[None, :] < draft_lengths[:, None]
+    return torch.where(in_range, overlap, 0.0).sum(1)

@@ -18,8 +18,10 @@ def acceptance(accepted: int, proposed: int, position: int = 0, mode: int = GREE
                                     accepted=accepted, proposed=proposed)
 
 
-def similarity(value: float, drafter: str = "s", verifier: str = "t") -> pb.SimilarityMeasurement:
-    return pb.SimilarityMeasurement(drafter=drafter, verifier=verifier, similarity=value)
+def similarity(value: float, drafter: str = "s", verifier: str = "t", mode: int = GREEDY,
+               positions: int = 1) -> pb.SimilarityMeasurement:
+    return pb.SimilarityMeasurement(drafter=drafter, verifier=verifier, similarity=value, mode=mode,
+                                    positions=positions)
 
 
 def snapshot(stub) -> pb.SnapshotResponse:

@@ -21,8 +21,8 @@ def _weighted_mean(values: list[float], weights: list[float] | None = None) -> f
     return sum(d * w * v for d, w, v in zip(decay, weights, values)) / sum(d * w for d, w in zip(decay, weights))
 
 
-def test_bucket_is_the_next_power_of_two() -> None:
-    assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 65536)] == [1, 2, 4, 4, 8, 8, 16, 65536]
+def test_bucket_is_exact_up_to_16_then_the_next_power_of_two() -> None:
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 9, 16, 17, 32, 33, 65536)] == [1, 2, 3, 4, 5, 9, 16, 32, 32, 64, 65536]
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
@@ -30,16 +30,16 @@ def test_snapshot_holds_the_ema_of_each_key(kind, make_store, serve, connect) ->
     stub = connect(serve(make_store(kind)))
     times = [100, 200, 400]
     counts = [(3, 4), (1, 1), (0, 2)]   # (accepted, proposed)
-    for ns, (a, p), sim in zip(times, counts, [0.5, 0.7, 0.9]):
+    for ns, (a, p), sim, n in zip(times, counts, [0.5, 0.7, 0.9], [4, 1, 2]):
         stub.Report(pb.ReportRequest(
-            # batch 3 and 4 share bucket 4; batch 5 goes to bucket 8
-            forward=[forward(ns, batch_size=3), forward(ns, batch_size=4), forward(7 * ns, batch_size=5)],
+            # batch 17 and 32 share bucket 32; batch 33 goes to bucket 64
+            forward=[forward(ns, batch_size=17), forward(ns, batch_size=32), forward(7 * ns, batch_size=33)],
             acceptance=[acceptance(a, p, position=2, mode=SAMPLING)],
-            similarity=[similarity(sim)]), timeout=10)
+            similarity=[similarity(sim, mode=SAMPLING, positions=n)]), timeout=10)
     got = snapshot(stub)
     assert not got.stale and got.ema_alpha == ALPHA
 
-    assert [(f.batch_size_bucket, f.tokens_per_row_bucket, f.samples) for f in got.forward] == [(4, 1, 6), (8, 1, 3)]
+    assert [(f.batch_size_bucket, f.tokens_per_row_bucket, f.samples) for f in got.forward] == [(32, 1, 6), (64, 1, 3)]
     assert got.forward[0].ema_forward_ns == pytest.approx(_weighted_mean([t for t in times for _ in (0, 1)]), rel=1e-12)
     assert got.forward[1].ema_forward_ns == pytest.approx(_weighted_mean([7 * t for t in times]), rel=1e-12)
 
@@ -50,7 +50,8 @@ def test_snapshot_holds_the_ema_of_each_key(kind, make_store, serve, connect) ->
     assert acc.ema_acceptance_rate == pytest.approx(_weighted_mean(rates, [p for _, p in counts]), rel=1e-12)
 
     [sim] = got.similarity
-    assert (sim.samples, sim.ema_similarity) == (3, pytest.approx(_weighted_mean([0.5, 0.7, 0.9]), rel=1e-12))
+    assert (sim.samples, sim.mode, sim.positions_total) == (3, SAMPLING, 7)
+    assert sim.ema_similarity == pytest.approx(_weighted_mean([0.5, 0.7, 0.9], [4, 1, 2]), rel=1e-12)
 
 
 def _random_reports(seed: int, count: int) -> list[pb.ReportRequest]:

@@ -37,6 +37,16 @@ def test_cycle_measurements_count_tested_and_accepted_positions(tiny_pool) -> No
         if a.position == 0:
             by_pair[(a.drafter, a.verifier)] = by_pair.get((a.drafter, a.verifier), 0) + a.proposed
     assert all(v == 2 for v in by_pair.values())
+    # similarity per pair and mode, over every proposal position the verifier compared
+    sims = {(m.drafter, m.verifier, m.mode): m for m in request.similarity}
+    assert set(sims) == {(d, v, mode) for d, v in [("s", "m"), ("m", "t")]
+                         for mode in (pb.DECODING_MODE_GREEDY, pb.DECODING_MODE_SAMPLING)}
+    report = reports[0]
+    for (d, v, mode), m in sims.items():
+        index = 0 if mode == pb.DECODING_MODE_GREEDY else 1   # row "a" is greedy, row "b" samples
+        assert m.positions == report.proposed[v][index]
+        assert abs(m.similarity - report.results[v].similarity[index] / m.positions) < 1e-9
+        assert 0.0 <= m.similarity <= 1.0
 
 
 def test_reports_reach_the_profiler_and_the_snapshot_comes_back(tiny_pool) -> None:

@@ -72,6 +72,10 @@ def test_health_info_and_status_codes(workers) -> None:
         health_pb2.HealthCheckResponse.SERVING
     info = w.stub.Info(pb.InfoRequest())
     assert info.vocab_size == 4096 and info.dtype == "float32" and len(info.tokenizer_sha256) == 64
+    # the warm-up latency profile: one forward per (batch size, tokens per row) of the default grid
+    grid = {(f.batch_size, f.tokens_per_row) for f in info.warmup_forwards}
+    assert grid == {(b, k) for b in (1, 2, 4, 8, 16) for k in (1, 2, 3, 4, 5, 7, 9)}
+    assert all(f.forward_ns > 0 and f.tokens_valid == f.batch_size * f.tokens_per_row for f in info.warmup_forwards)
     greedy = pb.Sampling(top_p=1.0, repetition_penalty=1.0)
     cases = [
         (pb.DraftRequest(state_id="missing", window=1, rows=[pb.RowStep(row_id="a", pending_tokens=[1], sampling=greedy)]),

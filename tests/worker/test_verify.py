@@ -52,3 +52,20 @@ def test_handing_the_wrong_rows_breaks_it() -> None:
         torch.stack([p, p]).expand(n, 2, vocab), torch.rand(n, 1, generator=gen), torch.rand(n, generator=gen))
     first = torch.where(verdict.accepted == 1, x, verdict.next_token)
     assert chi_square_p_value(torch.bincount(first, minlength=vocab), p) < P_THRESHOLD
+
+
+def test_similarity_counts_every_position_and_is_one_minus_total_variation() -> None:
+    from specrouter.worker.verify import proposal_similarity
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.rand(2, 3, 5, generator=gen).softmax(-1)
+    p = torch.rand(2, 4, 5, generator=gen).softmax(-1)
+    lengths = torch.tensor([3, 1])
+    got = proposal_similarity(q, p, lengths)
+    tv = 0.5 * (p[:, :3] - q).abs().sum(-1)                          # [B, K]
+    assert torch.allclose(got, torch.stack([(1 - tv[0]).sum(), 1 - tv[1, 0]]), atol=1e-6)
+    # greedy: one-hot rows agree at positions 0 and 2, also past the first disagreement at 1
+    drafts = torch.tensor([[1, 2, 3]])
+    argmax = torch.tensor([[1, 4, 3, 0]])
+    sim = proposal_similarity(one_hot_rows(drafts, 5), one_hot_rows(argmax, 5), torch.tensor([3]))
+    assert sim.tolist() == [2.0]

@@ -24,35 +24,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecrouter/v1/profiler.proto\x12\rspecrouter.v1\"c\n\x12\x46orwardMeasurement\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\x05\x12\x16\n\x0etokens_per_row\x18\x03 \x01(\x05\x12\x12\n\nforward_ns\x18\x04 \x01(\x03\"\x9b\x01\n\x15\x41\x63\x63\x65ptanceMeasurement\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12)\n\x04mode\x18\x03 \x01(\x0e\x32\x1b.specrouter.v1.DecodingMode\x12\x10\n\x08position\x18\x04 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x03\x12\x10\n\x08proposed\x18\x06 \x01(\x03\"N\n\x15SimilarityMeasurement\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x12\n\nsimilarity\x18\x03 \x01(\x01\"\xb7\x01\n\rReportRequest\x12\x32\n\x07\x66orward\x18\x01 \x03(\x0b\x32!.specrouter.v1.ForwardMeasurement\x12\x38\n\nacceptance\x18\x02 \x03(\x0b\x32$.specrouter.v1.AcceptanceMeasurement\x12\x38\n\nsimilarity\x18\x03 \x03(\x0b\x32$.specrouter.v1.SimilarityMeasurement\" \n\x0eReportResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\"\x11\n\x0fSnapshotRequest\"\x82\x01\n\x0e\x46orwardLatency\x12\r\n\x05model\x18\x01 \x01(\t\x12\x19\n\x11\x62\x61tch_size_bucket\x18\x02 \x01(\x05\x12\x1d\n\x15tokens_per_row_bucket\x18\x03 \x01(\x05\x12\x16\n\x0e\x65ma_forward_ns\x18\x04 \x01(\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x03\"\xce\x01\n\x0e\x41\x63\x63\x65ptanceRate\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12)\n\x04mode\x18\x03 \x01(\x0e\x32\x1b.specrouter.v1.DecodingMode\x12\x10\n\x08position\x18\x04 \x01(\x05\x12\x1b\n\x13\x65ma_acceptance_rate\x18\x05 \x01(\x01\x12\x16\n\x0e\x61\x63\x63\x65pted_total\x18\x06 \x01(\x03\x12\x16\n\x0eproposed_total\x18\x07 \x01(\x03\x12\x0f\n\x07samples\x18\x08 \x01(\x03\"X\n\nSimilarity\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x16\n\x0e\x65ma_similarity\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x03\"\xef\x01\n\x10SnapshotResponse\x12.\n\x07\x66orward\x18\x01 \x03(\x0b\x32\x1d.specrouter.v1.ForwardLatency\x12\x31\n\nacceptance\x18\x02 \x03(\x0b\x32\x1d.specrouter.v1.AcceptanceRate\x12-\n\nsimilarity\x18\x03 \x03(\x0b\x32\x19.specrouter.v1.Similarity\x12\r\n\x05stale\x18\x04 \x01(\x08\x12\x0e\n\x06\x61ge_ms\x18\x05 \x01(\x03\x12\x11\n\tema_alpha\x18\x06 \x01(\x01\x12\x17\n\x0freports_dropped\x18\x07 \x01(\x03*c\n\x0c\x44\x65\x63odingMode\x12\x1d\n\x19\x44\x45\x43ODING_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x45\x43ODING_MODE_GREEDY\x10\x01\x12\x1a\n\x16\x44\x45\x43ODING_MODE_SAMPLING\x10\x02\x32\xa5\x01\n\x0fProfilerService\x12\x45\n\x06Report\x12\x1c.specrouter.v1.ReportRequest\x1a\x1d.specrouter.v1.ReportResponse\x12K\n\x08Snapshot\x12\x1e.specrouter.v1.SnapshotRequest\x1a\x1f.specrouter.v1.SnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecrouter/v1/profiler.proto\x12\rspecrouter.v1\"c\n\x12\x46orwardMeasurement\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\x05\x12\x16\n\x0etokens_per_row\x18\x03 \x01(\x05\x12\x12\n\nforward_ns\x18\x04 \x01(\x03\"\x9b\x01\n\x15\x41\x63\x63\x65ptanceMeasurement\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12)\n\x04mode\x18\x03 \x01(\x0e\x32\x1b.specrouter.v1.DecodingMode\x12\x10\n\x08position\x18\x04 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x03\x12\x10\n\x08proposed\x18\x06 \x01(\x03\"\x8c\x01\n\x15SimilarityMeasurement\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x12\n\nsimilarity\x18\x03 \x01(\x01\x12)\n\x04mode\x18\x04 \x01(\x0e\x32\x1b.specrouter.v1.DecodingMode\x12\x11\n\tpositions\x18\x05 \x01(\x03\"\xb7\x01\n\rReportRequest\x12\x32\n\x07\x66orward\x18\x01 \x03(\x0b\x32!.specrouter.v1.ForwardMeasurement\x12\x38\n\nacceptance\x18\x02 \x03(\x0b\x32$.specrouter.v1.AcceptanceMeasurement\x12\x38\n\nsimilarity\x18\x03 \x03(\x0b\x32$.specrouter.v1.SimilarityMeasurement\" \n\x0eReportResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\"\x11\n\x0fSnapshotRequest\"\x82\x01\n\x0e\x46orwardLatency\x12\r\n\x05model\x18\x01 \x01(\t\x12\x19\n\x11\x62\x61tch_size_bucket\x18\x02 \x01(\x05\x12\x1d\n\x15tokens_per_row_bucket\x18\x03 \x01(\x05\x12\x16\n\x0e\x65ma_forward_ns\x18\x04 \x01(\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x03\"\xce\x01\n\x0e\x41\x63\x63\x65ptanceRate\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12)\n\x04mode\x18\x03 \x01(\x0e\x32\x1b.specrouter.v1.DecodingMode\x12\x10\n\x08position\x18\x04 \x01(\x05\x12\x1b\n\x13\x65ma_acceptance_rate\x18\x05 \x01(\x01\x12\x16\n\x0e\x61\x63\x63\x65pted_total\x18\x06 \x01(\x03\x12\x16\n\x0eproposed_total\x18\x07 \x01(\x03\x12\x0f\n\x07samples\x18\x08 \x01(\x03\"\x9c\x01\n\nSimilarity\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x16\n\x0e\x65ma_similarity\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x03\x12)\n\x04mode\x18\x05 \x01(\x0e\x32\x1b.specrouter.v1.DecodingMode\x12\x17\n\x0fpositions_total\x18\x06 \x01(\x03\"\xef\x01\n\x10SnapshotResponse\x12.\n\x07\x66orward\x18\x01 \x03(\x0b\x32\x1d.specrouter.v1.ForwardLatency\x12\x31\n\nacceptance\x18\x02 \x03(\x0b\x32\x1d.specrouter.v1.AcceptanceRate\x12-\n\nsimilarity\x18\x03 \x03(\x0b\x32\x19.specrouter.v1.Similarity\x12\r\n\x05stale\x18\x04 \x01(\x08\x12\x0e\n\x06\x61ge_ms\x18\x05 \x01(\x03\x12\x11\n\tema_alpha\x18\x06 \x01(\x01\x12\x17\n\x0freports_dropped\x18\x07 \x01(\x03*c\n\x0c\x44\x65\x63odingMode\x12\x1d\n\x19\x44\x45\x43ODING_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x45\x43ODING_MODE_GREEDY\x10\x01\x12\x1a\n\x16\x44\x45\x43ODING_MODE_SAMPLING\x10\x02\x32\xa5\x01\n\x0fProfilerService\x12\x45\n\x06Report\x12\x1c.specrouter.v1.ReportRequest\x1a\x1d.specrouter.v1.ReportResponse\x12K\n\x08Snapshot\x12\x1e.specrouter.v1.SnapshotRequest\x1a\x1f.specrouter.v1.SnapshotResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specrouter.v1.profiler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECODINGMODE']._serialized_start=1299
-  _globals['_DECODINGMODE']._serialized_end=1398
+  _globals['_DECODINGMODE']._serialized_start=1431
+  _globals['_DECODINGMODE']._serialized_end=1530
   _globals['_FORWARDMEASUREMENT']._serialized_start=47
   _globals['_FORWARDMEASUREMENT']._serialized_end=146
   _globals['_ACCEPTANCEMEASUREMENT']._serialized_start=149
   _globals['_ACCEPTANCEMEASUREMENT']._serialized_end=304
-  _globals['_SIMILARITYMEASUREMENT']._serialized_start=306
-  _globals['_SIMILARITYMEASUREMENT']._serialized_end=384
-  _globals['_REPORTREQUEST']._serialized_start=387
-  _globals['_REPORTREQUEST']._serialized_end=570
-  _globals['_REPORTRESPONSE']._serialized_start=572
-  _globals['_REPORTRESPONSE']._serialized_end=604
-  _globals['_SNAPSHOTREQUEST']._serialized_start=606
-  _globals['_SNAPSHOTREQUEST']._serialized_end=623
-  _globals['_FORWARDLATENCY']._serialized_start=626
-  _globals['_FORWARDLATENCY']._serialized_end=756
-  _globals['_ACCEPTANCERATE']._serialized_start=759
-  _globals['_ACCEPTANCERATE']._serialized_end=965
-  _globals['_SIMILARITY']._serialized_start=967
-  _globals['_SIMILARITY']._serialized_end=1055
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1058
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1297
-  _globals['_PROFILERSERVICE']._serialized_start=1401
-  _globals['_PROFILERSERVICE']._serialized_end=1566
+  _globals['_SIMILARITYMEASUREMENT']._serialized_start=307
+  _globals['_SIMILARITYMEASUREMENT']._serialized_end=447
+  _globals['_REPORTREQUEST']._serialized_start=450
+  _globals['_REPORTREQUEST']._serialized_end=633
+  _globals['_REPORTRESPONSE']._serialized_start=635
+  _globals['_REPORTRESPONSE']._serialized_end=667
+  _globals['_SNAPSHOTREQUEST']._serialized_start=669
+  _globals['_SNAPSHOTREQUEST']._serialized_end=686
+  _globals['_FORWARDLATENCY']._serialized_start=689
+  _globals['_FORWARDLATENCY']._serialized_end=819
+  _globals['_ACCEPTANCERATE']._serialized_start=822
+  _globals['_ACCEPTANCERATE']._serialized_end=1028
+  _globals['_SIMILARITY']._serialized_start=1031
+  _globals['_SIMILARITY']._serialized_end=1187
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=1190
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1429
+  _globals['_PROFILERSERVICE']._serialized_start=1533
+  _globals['_PROFILERSERVICE']._serialized_end=1698
 # @@protoc_insertion_point(module_scope)

@@ -45,14 +45,18 @@ class AcceptanceMeasurement(_message.Message):
     def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., position: _Optional[int] = ..., accepted: _Optional[int] = ..., proposed: _Optional[int] = ...) -> None: ...
 
 class SimilarityMeasurement(_message.Message):
-    __slots__ = ("drafter", "verifier", "similarity")
+    __slots__ = ("drafter", "verifier", "similarity", "mode", "positions")
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     VERIFIER_FIELD_NUMBER: _ClassVar[int]
     SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
     drafter: str
     verifier: str
     similarity: float
-    def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., similarity: _Optional[float] = ...) -> None: ...
+    mode: DecodingMode
+    positions: int
+    def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., similarity: _Optional[float] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., positions: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("forward", "acceptance", "similarity")
@@ -109,16 +113,20 @@ class AcceptanceRate(_message.Message):
     def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., position: _Optional[int] = ..., ema_acceptance_rate: _Optional[float] = ..., accepted_total: _Optional[int] = ..., proposed_total: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class Similarity(_message.Message):
-    __slots__ = ("drafter", "verifier", "ema_similarity", "samples")
+    __slots__ = ("drafter", "verifier", "ema_similarity", "samples", "mode", "positions_total")
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     VERIFIER_FIELD_NUMBER: _ClassVar[int]
     EMA_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     drafter: str
     verifier: str
     ema_similarity: float
     samples: int
-    def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., ema_similarity: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+    mode: DecodingMode
+    positions_total: int
+    def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., ema_similarity: _Optional[float] = ..., samples: _Optional[int] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., positions_total: _Optional[int] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
     __slots__ = ("forward", "acceptance", "similarity", "stale", "age_ms", "ema_alpha", "reports_dropped")

@@ -11,7 +11,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "parameters", "vocab_size", "tokenizer_sha256", "context_length", "device", "dtype", "live_states")
+    __slots__ = ("model_name", "parameters", "vocab_size", "tokenizer_sha256", "context_length", "device", "dtype", "live_states", "warmup_forwards")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class InfoResponse(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     LIVE_STATES_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     parameters: int
     vocab_size: int
@@ -28,7 +29,8 @@ class InfoResponse(_message.Message):
     device: str
     dtype: str
     live_states: int
-    def __init__(self, model_name: _Optional[str] = ..., parameters: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer_sha256: _Optional[str] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., live_states: _Optional[int] = ...) -> None: ...
+    warmup_forwards: _containers.RepeatedCompositeFieldContainer[ForwardTiming]
+    def __init__(self, model_name: _Optional[str] = ..., parameters: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer_sha256: _Optional[str] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., live_states: _Optional[int] = ..., warmup_forwards: _Optional[_Iterable[_Union[ForwardTiming, _Mapping]]] = ...) -> None: ...
 
 class Sampling(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "repetition_penalty", "seed")
@@ -67,16 +69,18 @@ class DistributionRow(_message.Message):
     def __init__(self, values_fp16: _Optional[bytes] = ..., indices_int32: _Optional[bytes] = ...) -> None: ...
 
 class Proposal(_message.Message):
-    __slots__ = ("row_id", "tokens", "rows", "accepted")
+    __slots__ = ("row_id", "tokens", "rows", "accepted", "similarity")
     ROW_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     row_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     rows: _containers.RepeatedCompositeFieldContainer[DistributionRow]
     accepted: int
-    def __init__(self, row_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., rows: _Optional[_Iterable[_Union[DistributionRow, _Mapping]]] = ..., accepted: _Optional[int] = ...) -> None: ...
+    similarity: float
+    def __init__(self, row_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., rows: _Optional[_Iterable[_Union[DistributionRow, _Mapping]]] = ..., accepted: _Optional[int] = ..., similarity: _Optional[float] = ...) -> None: ...
 
 class PrefillRow(_message.Message):
     __slots__ = ("row_id", "tokens")
