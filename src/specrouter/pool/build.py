@@ -40,7 +40,8 @@ class BuildPlan:
     shapes: tuple[ModelShape, ...] = field(default=(TARGET, MID, DRAFTER))
 
 
-def _encode(tokenizer: PreTrainedTokenizerFast, files: list[corpus.CorpusFile]) -> torch.Tensor:
+def encode_files(tokenizer: PreTrainedTokenizerFast, files: list[corpus.CorpusFile]) -> torch.Tensor:
+    """One token stream: every file's tokens followed by EOS."""
     ids: list[int] = []
     for f in files:
         ids.extend(tokenizer(f.text)["input_ids"])
@@ -80,7 +81,7 @@ def build_pool(out: Path, work: Path, plan: BuildPlan, progress_factory) -> None
 
     streams = work / "streams.pt"
     if not streams.exists():
-        torch.save({"train": _encode(tokenizer, train_files), "heldout": _encode(tokenizer, heldout_files)}, streams)
+        torch.save({"train": encode_files(tokenizer, train_files), "heldout": encode_files(tokenizer, heldout_files)}, streams)
     data = torch.load(streams)
     train_stream, heldout_stream = data["train"], data["heldout"]
     log.info("tokens: %d train, %d held out", train_stream.numel(), heldout_stream.numel())
