@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import logging
 import signal
@@ -20,6 +21,8 @@ def parse_settings(argv: list[str] | None) -> RouterSettings:
     given = {k: v for k, v in vars(ap.parse_args(argv)).items() if v is not None}
     if "workers" in given:
         given["workers"] = [w for w in given["workers"].split(",") if w]
+    if "scheduler" in given:
+        given["scheduler"] = json.loads(given["scheduler"])
     return RouterSettings(**given)
 
 
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     stop.wait()
     grpc_server.stop(settings.grace_s).wait()
     router.batcher.stop()
+    router.scheduler.close()
     router.reporter.close()
     router.metrics.close()
     tracing.shutdown()

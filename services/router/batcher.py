@@ -29,6 +29,8 @@ tracer = trace.get_tracer(__name__)
 IDLE_WAIT_S = 0.05
 
 ChooseChain = Callable[[ChainBatch], tuple[tuple[str, ...], int]]
+# after each cycle: (batch, report, rows, wall time of the whole cycle in ns, whether the router chose it)
+CycleDone = Callable[[ChainBatch, CycleReport, list[Row], int, bool], None]
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ class RequestHandle:
 class Batcher:
     def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int, eos_token_id: int | None,
                  choose_auto: ChooseChain, stop_check: Callable[[RequestHandle, Row], int | None] | None = None,
-                 on_cycle: Callable[[CycleReport, list[Row]], None] | None = None):
+                 on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
+                 on_cycle_done: CycleDone | None = None):
         self.workers = dict(workers)
         self.target = target
         self.context_length = context_length
@@ -85,6 +88,7 @@ class Batcher:
         self.choose_auto = choose_auto
         self.stop_check = stop_check
         self.on_cycle = on_cycle
+        self.on_cycle_done = on_cycle_done
         self._inbox: queue.Queue[RequestHandle] = queue.Queue()
         self._batches: dict[tuple, ChainBatch] = {}
         self._handles: dict[str, RequestHandle] = {}
@@ -162,8 +166,10 @@ class Batcher:
                 self._handles.pop(row.row_id).events.put(Failed(CancelledError("request cancelled")))
 
     def _cycle(self, key: tuple, batch: ChainBatch) -> None:
+        started = time.perf_counter_ns()
         chain, window = key
-        if chain is None or not window:
+        auto = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
+        if auto:
             auto_chain, auto_window = self.choose_auto(batch)
             chain, window = chain or auto_chain, window or auto_window
         rows = [r for r in batch.rows.values() if r.finish_reason is None]
@@ -195,6 +201,8 @@ class Batcher:
                 emitted = emitted[: len(emitted) - drop]
                 row.finish_reason = FINISH_STOP
             handle.events.put(Emitted(emitted))
+        if self.on_cycle_done is not None:
+            self.on_cycle_done(batch, report, rows, time.perf_counter_ns() - started, auto)
         finished = [r.row_id for r in rows if r.finish_reason is not None]
         if finished:
             with self._span("release", [self._handles[r] for r in finished], {"specrouter.rows": len(finished)}):

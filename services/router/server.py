@@ -15,9 +15,11 @@ from opentelemetry import trace
 from specrouter import serving
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
-from specrouter.router.chain import ChainBatch, Row
+from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.remote import RemoteWorker
+from specrouter.pool.similarity import load_similarity
+from specrouter.router.scheduler import Scheduler
 from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain, validate
 from specrouter.router.settings import RouterSettings
 from specrouter.v1 import router_pb2 as pb
@@ -27,6 +29,7 @@ from specrouter.worker.sampling import SamplingParams
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
 SEED_BITS = 62
+MAX_SCHEDULE_ROWS = 4096
 
 
 class PoolMismatch(RuntimeError):
@@ -69,11 +72,23 @@ class Router:
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
         self.reporter = Reporter(settings.profiler or None)
         self.metrics = SnapshotCache(settings.profiler or None, settings.snapshot_refresh_s)
+        warmup = {n: [(f.batch_size, f.tokens_per_row, f.forward_ns) for f in w.info.warmup_forwards]
+                  for n, w in workers.items()}
+        offline = load_similarity(settings.pool_dir) if settings.pool_dir else []
+        self.scheduler = Scheduler(self.by_size, self.target, settings.scheduler, lambda: self.metrics.get()[0],
+                                   warmup, offline)
+        self.scheduler.start()
         self.batcher = Batcher(workers, self.target, self.context_length, self.tokenizer.eos_token_id,
-                               self.choose_auto, self.stop_check, self.reporter.observe)
+                               self.choose_auto, self.stop_check, self.reporter.observe, self.cycle_done)
 
     def choose_auto(self, batch: ChainBatch) -> tuple[tuple[str, ...], int]:
-        return self.default_chain, self.settings.default_window
+        if not self.settings.adaptive:
+            return self.default_chain, self.settings.default_window
+        return self.scheduler.choose(batch)
+
+    def cycle_done(self, batch: ChainBatch, report: CycleReport, rows: list[Row], cycle_ns: int, auto: bool) -> None:
+        decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None
+        self.scheduler.observe(report, rows, cycle_ns, auto, decision)
 
     def stop_check(self, handle: RequestHandle, row: Row) -> int | None:
         """Generated tokens to keep when a stop string has completed, else None."""
@@ -101,6 +116,43 @@ class Router:
         validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length)
         chain = parse_chain(m.chain, self.by_size, self.target)
         return GenerationRequest(prompt_ids, sampling, max_new, tuple(m.stop), chain, m.window)
+
+
+def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.ScheduleResponse:
+    """The scheduler's ranking for a batch composition, its estimates and its ledgers, on the wire."""
+    plan = scheduler.plan(greedy, sampling)
+    reply = pb.ScheduleResponse(
+        candidates=[pb.CandidatePrediction(chain=p.chain, window=p.window, predicted_t_eff_ms=p.t_eff_ns / 1e6,
+                                           predicted_cycle_ms=p.cost_ns / 1e6, predicted_emitted=p.emitted)
+                    for p in plan.predictions],
+        decisions=scheduler.counts["decisions"], explorations=scheduler.counts["explorations"],
+        switches=scheduler.counts["switches"], decision_us=scheduler.decision_ns.get() / 1e3,
+        cycle_ms=scheduler.cycle_ns.get() / 1e6)
+    est = plan.estimates
+    depth = max(scheduler.settings.windows)
+    modes = [m for m, n in (("greedy", greedy), ("sampling", sampling)) if n]
+    for d, v in scheduler.pairs:
+        for mode in modes:
+            pair = (d, v, mode)
+            entry = reply.pairs.add(drafter=d, verifier=v, mode=mode, prior=est.prior(pair),
+                                    rates=est.rates(pair, depth)[:depth])
+            if est.similarity(pair) is not None:
+                entry.similarity = est.similarity(pair)
+            if est.pair_acceptance(pair) is not None:
+                entry.realized = est.pair_acceptance(pair)
+            if pair in est.live_similarity:
+                entry.live_similarity = est.live_similarity[pair]
+    for mode, c in est.calibration.items():
+        reply.calibration.add(mode=mode, intercept=c.intercept, slope=c.slope, pairs=c.pairs)
+    for (chain, window, batch, adaptive), ledger in list(scheduler.ledgers.items()):
+        entry = reply.ledgers.add(chain=chain, window=window, batch_size=batch, adaptive=adaptive,
+                                  cycles=ledger.cycles, cycle_ms=ledger.cycle_ns / 1e6, emitted=ledger.emitted,
+                                  predicted_cycle_ms=ledger.predicted_cycle_ns / 1e6,
+                                  predicted_emitted=ledger.predicted_emitted)
+        for (d, v, mode), (acc, checked, p_acc, p_checked) in list(ledger.pairs.items()):
+            entry.pairs.add(drafter=d, verifier=v, mode=mode, accepted=acc, checked=checked,
+                            predicted_accepted=p_acc, predicted_checked=p_checked)
+    return reply
 
 
 def _stats_pb(stats: dict) -> pb.GenerationStats:
@@ -173,6 +225,16 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                          role="target" if n == r.target else "draft", address=r.workers[n].address)
             for n in r.by_size])
 
+    def Schedule(self, request, context):
+        greedy, sampling = request.greedy_rows, request.sampling_rows
+        if greedy + sampling == 0:
+            greedy = 1
+        if greedy + sampling > MAX_SCHEDULE_ROWS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"greedy_rows + sampling_rows is {greedy + sampling}; ask for at most {MAX_SCHEDULE_ROWS} rows")
+        with self.router.scheduler.lock:
+            return schedule_pb(self.router.scheduler, greedy, sampling)
+
 
 class Undecodable:
     """Stands for a request whose bytes did not parse (gRPC itself treats None as INTERNAL)."""
@@ -200,6 +262,7 @@ def create_server(settings: RouterSettings, router: Router) -> tuple[grpc.Server
         "GenerateStream": grpc.unary_stream_rpc_method_handler(servicer.GenerateStream,
                                                                _lenient(pb.GenerateRequest), ser),
         "ListModels": grpc.unary_unary_rpc_method_handler(servicer.ListModels, pb.ListModelsRequest.FromString, ser),
+        "Schedule": grpc.unary_unary_rpc_method_handler(servicer.Schedule, pb.ScheduleRequest.FromString, ser),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=True)

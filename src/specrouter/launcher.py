@@ -68,7 +68,7 @@ class LocalCluster:
 
     def __init__(self, pool_dir: Path, log_dir: Path, port: int = 0, redis_url: str | None = None,
                  dtype: str = "float32", device: str = "cpu", env: dict[str, str] | None = None,
-                 on_start=None):
+                 on_start=None, router_args: list[str] | None = None):
         from specrouter.pool.load import PoolDir
 
         pool = PoolDir.open(pool_dir)
@@ -82,7 +82,8 @@ class LocalCluster:
                                    log_dir, env, f"worker-{n}", say) for n in pool.names]
             self.router = self._start("specrouter.router", [
                 "--workers", ",".join(w.address for w in workers), "--tokenizer-dir", str(pool.model_dir(pool.target)),
-                "--target", pool.target, "--profiler", self.profiler.address, "--port", str(port)],
+                "--target", pool.target, "--profiler", self.profiler.address, "--port", str(port),
+                "--pool-dir", str(pool_dir), *(router_args or [])],
                 log_dir, env, "router", say)
         except BaseException:
             self.stop()

@@ -109,3 +109,121 @@ class ListModelsResponse(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class ScheduleRequest(_message.Message):
+    __slots__ = ("greedy_rows", "sampling_rows")
+    GREEDY_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_ROWS_FIELD_NUMBER: _ClassVar[int]
+    greedy_rows: int
+    sampling_rows: int
+    def __init__(self, greedy_rows: _Optional[int] = ..., sampling_rows: _Optional[int] = ...) -> None: ...
+
+class CandidatePrediction(_message.Message):
+    __slots__ = ("chain", "window", "predicted_t_eff_ms", "predicted_cycle_ms", "predicted_emitted")
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_T_EFF_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_CYCLE_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_EMITTED_FIELD_NUMBER: _ClassVar[int]
+    chain: _containers.RepeatedScalarFieldContainer[str]
+    window: int
+    predicted_t_eff_ms: float
+    predicted_cycle_ms: float
+    predicted_emitted: float
+    def __init__(self, chain: _Optional[_Iterable[str]] = ..., window: _Optional[int] = ..., predicted_t_eff_ms: _Optional[float] = ..., predicted_cycle_ms: _Optional[float] = ..., predicted_emitted: _Optional[float] = ...) -> None: ...
+
+class PairLedger(_message.Message):
+    __slots__ = ("drafter", "verifier", "mode", "accepted", "checked", "predicted_accepted", "predicted_checked")
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    drafter: str
+    verifier: str
+    mode: str
+    accepted: float
+    checked: float
+    predicted_accepted: float
+    predicted_checked: float
+    def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., mode: _Optional[str] = ..., accepted: _Optional[float] = ..., checked: _Optional[float] = ..., predicted_accepted: _Optional[float] = ..., predicted_checked: _Optional[float] = ...) -> None: ...
+
+class CycleLedger(_message.Message):
+    __slots__ = ("chain", "window", "batch_size", "adaptive", "cycles", "cycle_ms", "emitted", "predicted_cycle_ms", "predicted_emitted", "pairs")
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
+    CYCLES_FIELD_NUMBER: _ClassVar[int]
+    CYCLE_MS_FIELD_NUMBER: _ClassVar[int]
+    EMITTED_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_CYCLE_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_EMITTED_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    chain: _containers.RepeatedScalarFieldContainer[str]
+    window: int
+    batch_size: int
+    adaptive: bool
+    cycles: int
+    cycle_ms: float
+    emitted: float
+    predicted_cycle_ms: float
+    predicted_emitted: float
+    pairs: _containers.RepeatedCompositeFieldContainer[PairLedger]
+    def __init__(self, chain: _Optional[_Iterable[str]] = ..., window: _Optional[int] = ..., batch_size: _Optional[int] = ..., adaptive: _Optional[bool] = ..., cycles: _Optional[int] = ..., cycle_ms: _Optional[float] = ..., emitted: _Optional[float] = ..., predicted_cycle_ms: _Optional[float] = ..., predicted_emitted: _Optional[float] = ..., pairs: _Optional[_Iterable[_Union[PairLedger, _Mapping]]] = ...) -> None: ...
+
+class PairEstimate(_message.Message):
+    __slots__ = ("drafter", "verifier", "mode", "similarity", "prior", "realized", "rates", "live_similarity")
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_FIELD_NUMBER: _ClassVar[int]
+    REALIZED_FIELD_NUMBER: _ClassVar[int]
+    RATES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    drafter: str
+    verifier: str
+    mode: str
+    similarity: float
+    prior: float
+    realized: float
+    rates: _containers.RepeatedScalarFieldContainer[float]
+    live_similarity: float
+    def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., mode: _Optional[str] = ..., similarity: _Optional[float] = ..., prior: _Optional[float] = ..., realized: _Optional[float] = ..., rates: _Optional[_Iterable[float]] = ..., live_similarity: _Optional[float] = ...) -> None: ...
+
+class Calibration(_message.Message):
+    __slots__ = ("mode", "intercept", "slope", "pairs")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    INTERCEPT_FIELD_NUMBER: _ClassVar[int]
+    SLOPE_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    intercept: float
+    slope: float
+    pairs: int
+    def __init__(self, mode: _Optional[str] = ..., intercept: _Optional[float] = ..., slope: _Optional[float] = ..., pairs: _Optional[int] = ...) -> None: ...
+
+class ScheduleResponse(_message.Message):
+    __slots__ = ("candidates", "ledgers", "pairs", "calibration", "decisions", "explorations", "switches", "decision_us", "cycle_ms")
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    LEDGERS_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPLORATIONS_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    DECISION_US_FIELD_NUMBER: _ClassVar[int]
+    CYCLE_MS_FIELD_NUMBER: _ClassVar[int]
+    candidates: _containers.RepeatedCompositeFieldContainer[CandidatePrediction]
+    ledgers: _containers.RepeatedCompositeFieldContainer[CycleLedger]
+    pairs: _containers.RepeatedCompositeFieldContainer[PairEstimate]
+    calibration: _containers.RepeatedCompositeFieldContainer[Calibration]
+    decisions: int
+    explorations: int
+    switches: int
+    decision_us: float
+    cycle_ms: float
+    def __init__(self, candidates: _Optional[_Iterable[_Union[CandidatePrediction, _Mapping]]] = ..., ledgers: _Optional[_Iterable[_Union[CycleLedger, _Mapping]]] = ..., pairs: _Optional[_Iterable[_Union[PairEstimate, _Mapping]]] = ..., calibration: _Optional[_Iterable[_Union[Calibration, _Mapping]]] = ..., decisions: _Optional[int] = ..., explorations: _Optional[int] = ..., switches: _Optional[int] = ..., decision_us: _Optional[float] = ..., cycle_ms: _Optional[float] = ...) -> None: ...

@@ -49,6 +49,11 @@ class RouterServiceStub:
                 request_serializer=specrouter_dot_v1_dot_router__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=specrouter_dot_v1_dot_router__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Schedule = channel.unary_unary(
+                '/specrouter.v1.RouterService/Schedule',
+                request_serializer=specrouter_dot_v1_dot_router__pb2.ScheduleRequest.SerializeToString,
+                response_deserializer=specrouter_dot_v1_dot_router__pb2.ScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServiceServicer:
@@ -75,6 +80,14 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Schedule(self, request, context):
+        """The adaptive scheduler's view: its predicted T_eff for every candidate (chain, window) at a batch
+        composition, its acceptance estimates, and what the router measured per configuration so far.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +105,11 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=specrouter_dot_v1_dot_router__pb2.ListModelsRequest.FromString,
                     response_serializer=specrouter_dot_v1_dot_router__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Schedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.Schedule,
+                    request_deserializer=specrouter_dot_v1_dot_router__pb2.ScheduleRequest.FromString,
+                    response_serializer=specrouter_dot_v1_dot_router__pb2.ScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +193,33 @@ class RouterService:
             '/specrouter.v1.RouterService/ListModels',
             specrouter_dot_v1_dot_router__pb2.ListModelsRequest.SerializeToString,
             specrouter_dot_v1_dot_router__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Schedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrouter.v1.RouterService/Schedule',
+            specrouter_dot_v1_dot_router__pb2.ScheduleRequest.SerializeToString,
+            specrouter_dot_v1_dot_router__pb2.ScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

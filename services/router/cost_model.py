@@ -1,0 +1,200 @@
+"""The scheduler's cost model (design.md section 5): expected cost and emitted tokens of one cycle.
+
+For a candidate (chain, window) and a batch, one cycle is predicted exactly under the model's inputs by
+carrying the distribution of proposal lengths up the chain:
+
+- level 1 (the drafter) makes W forward passes: the first feeds its pending tokens, the others one token;
+- level j verifies what level j - 1 handed up. A row whose incoming proposal has l tokens accepts m of
+  them with probability a_0 ... a_(m-1) (1 - a_m) (all l with probability a_0 ... a_(l-1)), where a_i
+  is the pair's acceptance at draft position i, and hands up m + 1 tokens. Its forward feeds 1 pending
+  token plus the proposal, and the batch is padded to its longest row, so the pass costs
+  t_j(B, 1 + max_b l_b); rows are independent, so P(max <= l) = prod_b P(l_b <= l);
+- the target's hand-up is what the cycle emits.
+
+T_eff = E[cost] / E[emitted]: the expected wall time per emitted token of a row. Every cycle also costs
+the router's own work and one round trip per level, measured live and added here.
+
+Approximations, each small and stated: the drafter's first pass feeds 1 + max(0, emitted - W) tokens
+(the tokens emitted last cycle that it has not cached, assuming last cycle ran the same chain); an
+intermediate verifier feeds 1 pending token; acceptance at a position does not depend on the others'
+outcomes beyond the prefix rule (positions are measured as conditional rates, so this is exact for the
+mean of each position but ignores correlation between rows of one batch).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+LatencyFn = Callable[[str, int, int], float]          # (model, batch size, tokens per row) -> ns
+OverheadFn = Callable[[str, int], float]              # (model, forward passes in the call) -> ns
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows of one decoding mode in the batch, and their acceptance per level pair of the chain."""
+
+    rows: int
+    acceptance: Sequence[Sequence[float]]   # per verifier level j = 2..n: a_i for i = 0..max proposal - 1
+
+
+@dataclass(frozen=True)
+class Prediction:
+    chain: tuple[str, ...]
+    window: int
+    batch_size: int
+    cost_ns: float                 # expected wall time of one cycle
+    emitted: float                 # expected tokens emitted per row
+    level_ns: tuple[float, ...]    # expected wall time per level, router overhead excluded
+    checks: tuple[tuple[float, float], ...] = ()  # per verifier level: (E[accepted], E[positions checked]) per row
+
+    @property
+    def t_eff_ns(self) -> float:
+        return self.cost_ns / self.emitted
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch_size * self.emitted / self.cost_ns * 1e9
+
+
+def accepted_distribution(incoming: Sequence[float], rates: Sequence[float]) -> tuple[list[float], float]:
+    """Distribution of the hand-up length (accepted + 1) given the distribution of incoming lengths.
+
+    incoming[l] = P(proposal has l tokens); out[m + 1] = P(m accepted). rates[i] is the acceptance at
+    position i given all earlier positions were accepted. Also returns the expected number of positions
+    checked (up to and including the first rejection), the denominator of a measured acceptance rate.
+    """
+    out = [0.0] * (len(incoming) + 1)
+    tried = 0.0
+    for length, p_len in enumerate(incoming):
+        if p_len == 0.0:
+            continue
+        reach = p_len                      # P(first `m` positions accepted)
+        for m in range(length):
+            a = rates[m] if m < len(rates) else rates[-1]
+            tried += reach
+            out[m + 1] += reach * (1.0 - a)
+            reach *= a
+        out[length + 1] += reach
+    return out, tried
+
+
+def _cdf(dist: Sequence[float]) -> list[float]:
+    total, out = 0.0, []
+    for p in dist:
+        total += p
+        out.append(min(total, 1.0))
+    return out
+
+
+def expected_batch_cost(dists: Sequence[tuple[Sequence[float], int]], cost: Callable[[int], float]) -> float:
+    """E[cost(max over rows of the length)]: `dists` holds (length distribution, rows) per row group."""
+    cdfs = [(_cdf(d), n) for d, n in dists if n > 0]
+    longest = max(len(c) for c, _ in cdfs)
+    expected, below = 0.0, 0.0
+    for length in range(longest):
+        at_most = 1.0
+        for c, n in cdfs:
+            at_most *= (c[length] if length < len(c) else 1.0) ** n
+        p = at_most - below
+        if p > 1e-12:
+            expected += p * cost(length)
+        below = at_most
+    return expected
+
+
+def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], latency: LatencyFn,
+            overhead: OverheadFn, cycle_overhead_ns: float = 0.0) -> Prediction:
+    """Expected cost and emitted tokens of one cycle of `chain` at `window` over the rows of `groups`."""
+    chain = tuple(chain)
+    batch = sum(g.rows for g in groups)
+    if batch < 1:
+        raise ValueError("a prediction needs at least one row")
+    if len(chain) == 1:
+        (model,) = chain
+        level_ns = (latency(model, batch, 1) + overhead(model, 1),)
+        return Prediction(chain, 0, batch, level_ns[0] + cycle_overhead_ns, 1.0, level_ns)
+    # lengths per group, level by level: level 1 proposes exactly W tokens
+    incoming = [[0.0] * window + [1.0] for _ in groups]
+    verify_ns, checks = [], []
+    for level, model in enumerate(chain[1:]):
+        verify_ns.append(expected_batch_cost([(d, g.rows) for d, g in zip(incoming, groups)],
+                                             lambda length, m=model: latency(m, batch, 1 + length))
+                         + overhead(model, 1))
+        steps = [accepted_distribution(d, g.acceptance[level]) for d, g in zip(incoming, groups)]
+        incoming = [out for out, _ in steps]
+        accepted = sum(g.rows * sum((n - 1) * p for n, p in enumerate(out) if n) for (out, _), g in zip(steps, groups))
+        tried = sum(g.rows * t for (_, t), g in zip(steps, groups))
+        checks.append((accepted / batch, tried / batch))
+    emitted_dists = incoming
+    drafter = chain[0]
+    # the drafter's first pass feeds the emitted tokens it has not cached: it cached W - 1 of its own
+    first_dists = []
+    for d in emitted_dists:
+        pending = [0.0] * (len(d) + 1)
+        for n, p in enumerate(d):
+            pending[1 + max(0, n - window)] += p
+        first_dists.append(pending)
+    draft_ns = (expected_batch_cost([(d, g.rows) for d, g in zip(first_dists, groups)],
+                                    lambda k: latency(drafter, batch, k))
+                + (window - 1) * latency(drafter, batch, 1) + overhead(drafter, window))
+    emitted = sum(g.rows * sum(n * p for n, p in enumerate(d)) for d, g in zip(emitted_dists, groups)) / batch
+    level_ns = (draft_ns, *verify_ns)
+    return Prediction(chain, window, batch, sum(level_ns) + cycle_overhead_ns, emitted, level_ns, tuple(checks))
+
+
+class LatencyTable:
+    """t_model(B, k) from measured points, interpolated piecewise-linearly where a point is missing.
+
+    Points are (batch bucket, tokens bucket) -> ns per model. A missing k is interpolated between the
+    nearest measured k at the same batch size (extrapolated along the last segment, never below the
+    nearest point); a missing batch size the same way across batch sizes.
+    """
+
+    def __init__(self, points: Mapping[str, Mapping[tuple[int, int], float]]):
+        self._by_batch: dict[str, dict[int, tuple[list[int], list[float]]]] = {}
+        for model, pts in points.items():
+            rows: dict[int, list[tuple[int, float]]] = {}
+            for (b, k), ns in pts.items():
+                rows.setdefault(b, []).append((k, ns))
+            self._by_batch[model] = {b: ([k for k, _ in sorted(v)], [ns for _, ns in sorted(v)])
+                                     for b, v in rows.items()}
+        self._cache: dict[tuple[str, int, int], float] = {}
+
+    def models(self) -> set[str]:
+        return set(self._by_batch)
+
+    def __call__(self, model: str, batch_size: int, tokens: int) -> float:
+        key = (model, batch_size, tokens)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._lookup(model, batch_size, tokens)
+        return hit
+
+    def _lookup(self, model: str, batch_size: int, tokens: int) -> float:
+        from specrouter.profiler.metrics import bucket
+
+        by_batch = self._by_batch.get(model)
+        if not by_batch:
+            raise KeyError(f"no latency measured for model {model!r}")
+        b, k = bucket(batch_size), bucket(tokens)
+        if b in by_batch:
+            return _interpolate(*by_batch[b], k)
+        sizes = sorted(by_batch)
+        return _interpolate(sizes, [_interpolate(*by_batch[s], k) for s in sizes], b)
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
+    if len(xs) == 1:
+        return ys[0]
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return ys[i]
+    lo = min(max(i - 1, 0), len(xs) - 2)
+    x0, x1, y0, y1 = xs[lo], xs[lo + 1], ys[lo], ys[lo + 1]
+    y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    nearest = ys[0] if x < xs[0] else ys[-1] if x > xs[-1] else None
+    if nearest is not None:  # extrapolating: cost grows with size, and never drops below the nearest point
+        y = max(y, nearest) if x > xs[-1] else min(y, nearest)
+    return max(y, 0.0)

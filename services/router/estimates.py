@@ -1,0 +1,138 @@
+"""The scheduler's inputs, read from the profiler's snapshot: latency per model and acceptance per pair.
+
+Acceptance of an ordered pair (drafter, verifier) in a decoding mode, per draft position i, is the
+profiler's EMA of the realized rate, shrunk towards a prior by `prior_weight` pseudo-checks while a
+position has few checks. The prior of a pair comes from its similarity (1 - E[TV] between the two models'
+rows) through a calibration, a least-squares line from similarity to realized acceptance fitted over the
+pairs already observed in that mode (identity until two pairs are). The similarity of a pair is the one
+measured offline for the pool when there is one (it exists for every pair, observed or not), else the
+live one from verification. Positions deeper than any measured take the deepest measured rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from specrouter.pool.similarity import PairSimilarity
+from specrouter.router.cost_model import LatencyTable
+from specrouter.v1 import profiler_pb2 as ppb
+
+GREEDY, SAMPLING = "greedy", "sampling"
+_MODES = {ppb.DECODING_MODE_GREEDY: GREEDY, ppb.DECODING_MODE_SAMPLING: SAMPLING}
+Pair = tuple[str, str, str]   # (drafter, verifier, mode)
+CALIBRATION_WEIGHT_CAP = 256  # checks beyond which a pair weighs no more in the calibration
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """acceptance ~ intercept + slope * similarity, clipped to [0, 1]."""
+
+    intercept: float = 0.0
+    slope: float = 1.0
+    pairs: int = 0          # observed pairs it was fitted on
+
+    def __call__(self, similarity: float) -> float:
+        return min(1.0, max(0.0, self.intercept + self.slope * similarity))
+
+    @classmethod
+    def fit(cls, points: Sequence[tuple[float, float, float]]) -> Calibration:
+        """From (similarity, acceptance, weight) of observed pairs: weighted least squares; with one pair,
+        the identity shifted through it; with none, the identity (Leviathan et al.: under sampling the
+        acceptance of a token is exactly 1 - TV)."""
+        if not points:
+            return cls()
+        w = sum(p[2] for p in points)
+        mx = sum(x * wt for x, _, wt in points) / w
+        my = sum(y * wt for _, y, wt in points) / w
+        sxx = sum(wt * (x - mx) ** 2 for x, _, wt in points)
+        if len(points) < 2 or sxx < 1e-6:
+            return cls(my - mx, 1.0, len(points))
+        slope = sum(wt * (x - mx) * (y - my) for x, y, wt in points) / sxx
+        return cls(my - slope * mx, slope, len(points))
+
+
+@dataclass(frozen=True)
+class PositionRate:
+    rate: float
+    checks: int     # positions checked, all time
+
+
+class AcceptanceEstimates:
+    def __init__(self, snapshot: ppb.SnapshotResponse | None, offline: Iterable[PairSimilarity] = (),
+                 prior_weight: float = 16.0, default_acceptance: float = 0.5):
+        self.prior_weight = prior_weight
+        self.default_acceptance = default_acceptance
+        self.observed: dict[Pair, dict[int, PositionRate]] = {}
+        self.live_similarity: dict[Pair, float] = {}
+        self.offline_similarity: dict[Pair, float] = {(s.drafter, s.verifier, s.mode): s.similarity for s in offline}
+        if snapshot is not None:
+            for a in snapshot.acceptance:
+                if a.proposed_total > 0 and a.mode in _MODES:
+                    self.observed.setdefault((a.drafter, a.verifier, _MODES[a.mode]), {})[a.position] = \
+                        PositionRate(a.ema_acceptance_rate, a.proposed_total)
+            for s in snapshot.similarity:
+                if s.mode in _MODES:
+                    self.live_similarity[(s.drafter, s.verifier, _MODES[s.mode])] = s.ema_similarity
+        self.calibration = {mode: Calibration.fit(self._calibration_points(mode)) for mode in (GREEDY, SAMPLING)}
+        self._rates: dict[Pair, list[float]] = {}
+
+    def similarity(self, pair: Pair) -> float | None:
+        return self.offline_similarity.get(pair, self.live_similarity.get(pair))
+
+    def pair_acceptance(self, pair: Pair) -> float | None:
+        """Realized acceptance of an observed pair, over its positions weighted by checks; None if unobserved."""
+        positions = self.observed.get(pair)
+        if not positions:
+            return None
+        total = sum(p.checks for p in positions.values())
+        return sum(p.rate * p.checks for p in positions.values()) / total
+
+    def _calibration_points(self, mode: str) -> list[tuple[float, float, float]]:
+        points = []
+        for pair, positions in self.observed.items():
+            sim = self.similarity(pair)
+            if pair[2] == mode and sim is not None:  # weighted by checks, capped: a pair seen once counts little
+                checks = sum(p.checks for p in positions.values())
+                points.append((sim, self.pair_acceptance(pair), min(checks, CALIBRATION_WEIGHT_CAP)))
+        return points
+
+    def prior(self, pair: Pair) -> float:
+        sim = self.similarity(pair)
+        return self.default_acceptance if sim is None else self.calibration[pair[2]](sim)
+
+    def rates(self, pair: Pair, positions: int) -> list[float]:
+        """a_0 .. a_(positions - 1) for the pair."""
+        cached = self._rates.get(pair)
+        if cached is not None and len(cached) >= positions:
+            return cached
+        prior = self.prior(pair)
+        measured = self.observed.get(pair, {})
+        out, last = [], prior
+        for i in range(positions):
+            m = measured.get(i)
+            if m is not None:
+                n = m.checks
+                last = (n * m.rate + self.prior_weight * prior) / (n + self.prior_weight)
+            out.append(last)
+        self._rates[pair] = out
+        return out
+
+    def pairs_seen(self) -> Mapping[Pair, int]:
+        """Checks at position 0 per observed pair: how much each pair has been measured."""
+        return {pair: pos[min(pos)].checks for pair, pos in self.observed.items() if pos}
+
+
+def latency_table(snapshot: ppb.SnapshotResponse | None,
+                  warmup: Mapping[str, Sequence[tuple[int, int, int]]]) -> LatencyTable:
+    """Live latencies from the snapshot; the workers' warm-up profile fills what the snapshot lacks."""
+    from specrouter.profiler.metrics import bucket
+
+    points: dict[str, dict[tuple[int, int], float]] = {}
+    for model, timings in warmup.items():
+        for b, k, ns in timings:
+            points.setdefault(model, {})[(bucket(b), bucket(k))] = float(ns)
+    if snapshot is not None:
+        for f in snapshot.forward:
+            points.setdefault(f.model, {})[(f.batch_size_bucket, f.tokens_per_row_bucket)] = f.ema_forward_ns
+    return LatencyTable(points)

@@ -1,0 +1,384 @@
+"""The adaptive chain scheduler: per batch and per cycle, the (chain, window) of least predicted T_eff.
+
+Candidates are every chain of the pool that ends at the target (the target alone included) with every
+window of `windows`. Their predictions (cost_model.predict) form a plan per batch composition (rows per
+decoding mode, bucketed: exact up to 4, then powers of two). A background planner thread refreshes the
+plans in use every `recompute_s` from the profiler's latest snapshot, so a decision on the cycle's path
+is a dictionary lookup; only a composition never seen before is planned inline. On top of the ranking:
+
+- exploration: a pair of models that has not been measured for `explore_after_s` (or never) gets one
+  cycle of the best chain that contains it, at its best window plus `explore_extra_window` (so deeper
+  draft positions get measured too), at most once every `explore_every_cycles` cycles of a batch;
+- hysteresis: the batch keeps its current choice unless the best is predicted faster by `hysteresis`,
+  counting the catch-up of models that sat out (their pending tokens) spread over `switch_horizon_cycles`.
+
+The router's own costs (one round trip per level, its work between calls) are measured here from each
+cycle's wall times, as EMAs with `overhead_alpha`, and added to every prediction.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+from specrouter.pool.similarity import PairSimilarity
+from specrouter.router.chain import ChainBatch, CycleReport, Row
+from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, predict
+from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, latency_table
+from specrouter.v1 import profiler_pb2 as ppb
+
+
+class SchedulerSettings(BaseModel):
+    """Every knob of the scheduler; the defaults are the ones measured best on the demo pool."""
+
+    windows: list[int] = Field(default_factory=lambda: list(range(1, 9)))  # draft windows considered
+    max_levels: int = 4                 # longest chain considered (the pool's permutations grow fast)
+    recompute_s: float = 0.25           # a batch composition's ranking is at most this old
+    hysteresis: float = 0.03            # switch only when the best is predicted this much faster
+    switch_horizon_cycles: int = 16     # catch-up cost of a switch is spread over this many cycles
+    explore_after_s: float = 5.0        # a pair unmeasured this long gets an exploration cycle
+    explore_every_cycles: int = 25      # at most one exploration cycle per this many cycles of a batch
+    explore_extra_window: int = 2       # exploration drafts this much deeper than the chain's best window
+    prior_weight: float = 16.0          # pseudo-checks of the similarity prior in a position's rate
+    default_acceptance: float = 0.5     # prior of a pair with no similarity at all
+    overhead_alpha: float = 0.05        # EMA constant of the router's own per-call and per-cycle costs
+
+
+def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> list[tuple[str, ...]]:
+    """Every chain of distinct models ending at the target, shortest first."""
+    others = [m for m in models if m != target]
+    chains = []
+    for n in range(0, min(len(others), max_levels - 1) + 1):
+        chains += [(*p, target) for p in itertools.permutations(others, n)]
+    return chains
+
+
+def chain_pairs(chain: Sequence[str]) -> list[tuple[str, str]]:
+    return list(zip(chain[:-1], chain[1:]))
+
+
+class _Ema:
+    __slots__ = ("alpha", "value", "weight")
+
+    def __init__(self, alpha: float):
+        self.alpha, self.value, self.weight = alpha, 0.0, 0.0
+
+    def add(self, x: float) -> None:
+        self.value = (1 - self.alpha) * self.value + self.alpha * x
+        self.weight = (1 - self.alpha) * self.weight + self.alpha
+
+    def get(self, default: float = 0.0) -> float:
+        return self.value / self.weight if self.weight > 0 else default
+
+
+@dataclass
+class Plan:
+    """The ranked candidates for one batch composition."""
+
+    predictions: list[Prediction]
+    by_key: dict[tuple[tuple[str, ...], int], Prediction]
+    estimates: AcceptanceEstimates
+    latency: LatencyTable
+    made_at: float
+    version: int
+
+
+@dataclass
+class Decision:
+    chain: tuple[str, ...]
+    window: int
+    prediction: Prediction
+    explored: bool = False
+
+
+@dataclass
+class _BatchState:
+    current: Decision | None = None   # the standing choice (explorations do not replace it)
+    last: Decision | None = None      # the decision of the latest cycle, exploration or not
+    cycles: int = 0
+    last_explore_cycle: int = -(10**9)
+
+
+@dataclass
+class Ledger:
+    """Cumulative measured and predicted figures, for the report (diff two reads to get a run's)."""
+
+    cycles: int = 0
+    cycle_ns: int = 0
+    emitted: float = 0.0                 # mean tokens emitted per row, summed over cycles
+    predicted_cycle_ns: float = 0.0
+    predicted_emitted: float = 0.0
+    pairs: dict[Pair, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0, 0.0, 0.0]))
+    # pair -> [realized accepted, realized checked, predicted accepted, predicted checked]
+
+
+class Scheduler:
+    def __init__(self, models: Sequence[str], target: str, settings: SchedulerSettings | None = None,
+                 snapshot: Callable[[], ppb.SnapshotResponse | None] = lambda: None,
+                 warmup: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
+                 offline_similarity: Sequence[PairSimilarity] = (), clock: Callable[[], float] = time.monotonic):
+        self.settings = settings or SchedulerSettings()
+        self.target = target
+        self.models = list(models)
+        self.chains = candidate_chains(models, target, self.settings.max_levels)
+        self.pairs = sorted({p for c in self.chains for p in chain_pairs(c)})
+        self._snapshot = snapshot
+        self._warmup = dict(warmup or {})
+        self._offline = list(offline_similarity)
+        self._clock = clock
+        self._plans: dict[tuple[int, int], Plan] = {}
+        self._batches: weakref.WeakKeyDictionary[ChainBatch, _BatchState] = weakref.WeakKeyDictionary()
+        self._version = 0
+        self._last_snapshot_id = None
+        self._pair_seen_at: dict[Pair, float] = {}
+        self._pair_checks: dict[Pair, int] = {}
+        alpha = self.settings.overhead_alpha
+        self._call_overhead: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(alpha))
+        self._cycle_overhead: dict[int, _Ema] = defaultdict(lambda: _Ema(alpha))
+        self.lock = threading.Lock()
+        self.decision_ns = _Ema(0.01)
+        self.cycle_ns = _Ema(0.01)
+        self.counts = {"decisions": 0, "explorations": 0, "switches": 0, "plans": 0}
+        self.planning_ns = 0                      # time spent planning, all threads
+        self._wanted: dict[tuple[int, int], float] = {}   # composition -> last time a decision needed it
+        self._stop = threading.Event()
+        self._planner: threading.Thread | None = None
+        self.ledgers: dict[tuple[tuple[str, ...], int, int, bool], Ledger] = defaultdict(Ledger)
+
+    # -- inputs -------------------------------------------------------------------------------------
+
+    def overhead(self, model: str, forwards: int) -> float:
+        """Router-side cost of one call to `model` beyond its forward passes (round trip, sampling, ...)."""
+        known = self._call_overhead.get((model, forwards))
+        if known is not None and known.weight > 0:
+            return known.get()
+        same = sorted((f, e.get()) for (m, f), e in self._call_overhead.items() if m == model and e.weight > 0)
+        if not same:
+            return 0.0
+        if len(same) == 1:
+            return same[0][1]
+        (f0, y0), (f1, y1) = same[0], same[-1]   # linear in the number of passes
+        return max(0.0, y0 + (y1 - y0) * (forwards - f0) / (f1 - f0))
+
+    def cycle_overhead(self, batch_size: int) -> float:
+        known = self._cycle_overhead.get(batch_size)
+        if known is not None and known.weight > 0:
+            return known.get()
+        near = [(abs(b - batch_size), e.get()) for b, e in self._cycle_overhead.items() if e.weight > 0]
+        return min(near)[1] if near else 0.0
+
+    # -- plans --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the background planner (without it, stale plans are refreshed inline)."""
+        self._planner = threading.Thread(target=self._plan_loop, name="scheduler-planner", daemon=True)
+        self._planner.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _plan_loop(self) -> None:
+        while not self._stop.wait(self.settings.recompute_s):
+            now = self._clock()
+            for key, used_at in list(self._wanted.items()):
+                if now - used_at > 10 * self.settings.recompute_s + 5:
+                    self._wanted.pop(key, None)
+                    continue
+                plan = self._plans.get(key)
+                if plan is None or self._stale(plan):
+                    fresh = self._make_plan(*key)
+                    with self.lock:
+                        self._plans[key] = fresh
+
+    def _refresh_snapshot(self) -> ppb.SnapshotResponse | None:
+        snapshot = self._snapshot()
+        if snapshot is not None and id(snapshot) != self._last_snapshot_id:
+            self._last_snapshot_id = id(snapshot)
+            self._version += 1
+            self._note_snapshot(snapshot, self._clock())
+        return snapshot
+
+    def _stale(self, plan: Plan) -> bool:
+        self._refresh_snapshot()
+        return plan.version != self._version and self._clock() - plan.made_at >= self.settings.recompute_s
+
+    @staticmethod
+    def composition(greedy_rows: int, sampling_rows: int) -> tuple[int, int]:
+        """Batch compositions planned alike: row counts exact up to 4, then rounded up to a power of two."""
+        def b(n: int) -> int:
+            return n if n <= 4 else 1 << (n - 1).bit_length()
+        return b(greedy_rows), b(sampling_rows)
+
+    def plan(self, greedy_rows: int, sampling_rows: int) -> Plan:
+        """The ranking for a batch composition: the standing plan, made now if there is none (or it is stale
+        and no planner thread runs)."""
+        key = self.composition(greedy_rows, sampling_rows)
+        self._wanted[key] = self._clock()
+        plan = self._plans.get(key)
+        if plan is None or (self._planner is None and self._stale(plan)):
+            plan = self._plans[key] = self._make_plan(*key)
+        return plan
+
+    def _make_plan(self, greedy_rows: int, sampling_rows: int) -> Plan:
+        started = time.perf_counter_ns()
+        now = self._clock()
+        snapshot = self._refresh_snapshot()
+        version = self._version
+        s = self.settings
+        estimates = AcceptanceEstimates(snapshot, self._offline, s.prior_weight, s.default_acceptance)
+        latency = latency_table(snapshot, self._warmup)
+        batch = greedy_rows + sampling_rows
+        cycle_overhead = self.cycle_overhead(batch)
+        predictions = []
+        for chain in self.chains:
+            if not all(m in latency.models() for m in chain):
+                continue
+            depth = max(s.windows) + len(chain)
+            windows = s.windows if len(chain) > 1 else [0]
+            groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in chain_pairs(chain)]
+                            for mode, n in ((GREEDY, greedy_rows), (SAMPLING, sampling_rows)) if n}
+            groups = [RowGroup(n, groups_rates[mode]) for mode, n in ((GREEDY, greedy_rows), (SAMPLING, sampling_rows))
+                      if n]
+            for w in windows:
+                predictions.append(predict(chain, w, groups, latency, self.overhead, cycle_overhead))
+        predictions.sort(key=lambda p: p.t_eff_ns)
+        self.counts["plans"] += 1
+        self.planning_ns += time.perf_counter_ns() - started
+        return Plan(predictions, {(p.chain, p.window): p for p in predictions}, estimates, latency, now, version)
+
+    def _note_snapshot(self, snapshot: ppb.SnapshotResponse, now: float) -> None:
+        """A pair whose checks grew since the last snapshot was measured (by any router)."""
+        for a in snapshot.acceptance:
+            if a.position != 0:
+                continue
+            pair = (a.drafter, a.verifier, GREEDY if a.mode == ppb.DECODING_MODE_GREEDY else SAMPLING)
+            if a.proposed_total > self._pair_checks.get(pair, 0):
+                self._pair_checks[pair] = a.proposed_total
+                self._pair_seen_at[pair] = max(self._pair_seen_at.get(pair, -math.inf), now)
+
+    # -- decisions ----------------------------------------------------------------------------------
+
+    def choose(self, batch: ChainBatch) -> tuple[tuple[str, ...], int]:
+        started = time.perf_counter_ns()
+        with self.lock:
+            decision = self._choose(batch)
+        self.decision_ns.add(time.perf_counter_ns() - started)
+        return decision.chain, decision.window
+
+    def decision_for(self, batch: ChainBatch) -> Decision | None:
+        """The decision of the batch's latest cycle."""
+        state = self._batches.get(batch)
+        return state.last if state else None
+
+    def _choose(self, batch: ChainBatch) -> Decision:
+        state = self._batches.setdefault(batch, _BatchState())
+        state.last = decision = self._decide(batch, state)
+        return decision
+
+    def _decide(self, batch: ChainBatch, state: _BatchState) -> Decision:
+        rows = [r for r in batch.rows.values() if r.finish_reason is None]
+        greedy = sum(1 for r in rows if r.sampling.greedy)
+        plan = self.plan(greedy, len(rows) - greedy)
+        state.cycles += 1
+        self.counts["decisions"] += 1
+        explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy)
+        if explore is not None:
+            state.last_explore_cycle = state.cycles
+            self.counts["explorations"] += 1
+            return explore
+        best = plan.predictions[0]
+        current = state.current
+        if current is not None and not current.explored:
+            kept = plan.by_key.get((current.chain, current.window))
+            if kept is not None:
+                if (current.chain, current.window) == (best.chain, best.window):
+                    state.current = Decision(best.chain, best.window, best)
+                    return state.current
+                switch_ns = self._catch_up_ns(plan, best.chain, rows)
+                best_t = (best.cost_ns + switch_ns / self.settings.switch_horizon_cycles) / best.emitted
+                if best_t >= kept.t_eff_ns * (1 - self.settings.hysteresis):
+                    state.current = Decision(kept.chain, kept.window, kept)
+                    return state.current
+        if current is not None and (current.chain, current.window) != (best.chain, best.window):
+            self.counts["switches"] += 1
+        state.current = Decision(best.chain, best.window, best)
+        return state.current
+
+    def _exploration(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
+                     sampling: int) -> Decision | None:
+        s = self.settings
+        if state.cycles - state.last_explore_cycle < s.explore_every_cycles or len(self.chains) < 2:
+            return None
+        now = self._clock()
+        modes = [m for m, n in ((GREEDY, greedy), (SAMPLING, sampling)) if n]
+        stale = [(self._pair_seen_at.get((d, v, mode), -math.inf), (d, v, mode))
+                 for d, v in self.pairs for mode in modes]
+        seen_at, (d, v, mode) = min(stale)
+        if now - seen_at < s.explore_after_s:
+            return None
+        for p in plan.predictions:   # the best-ranked chain with the pair, at its window + extra
+            if (d, v) in chain_pairs(p.chain):
+                window = min(max(s.windows), p.window + s.explore_extra_window)
+                prediction = plan.by_key.get((p.chain, window), p)
+                self._pair_seen_at[(d, v, mode)] = now   # asked for; the snapshot confirms it later
+                return Decision(p.chain, window, prediction, explored=True)
+        return None
+
+    def _catch_up_ns(self, plan: Plan, chain: Sequence[str], rows: Sequence[Row]) -> float:
+        """Extra cost of the models in `chain` that must first feed the tokens they missed."""
+        extra = 0.0
+        for model in chain:
+            lag = max((len(r.tokens) - r.seen.get(model, len(r.tokens)) for r in rows), default=0)
+            if lag > 2:
+                extra += plan.latency(model, len(rows), lag) - plan.latency(model, len(rows), 1)
+        return max(extra, 0.0)
+
+    # -- measurements ---------------------------------------------------------------------------------
+
+    def observe(self, report: CycleReport, rows: Sequence[Row], cycle_ns: int, auto: bool,
+                decision: Decision | None = None) -> None:
+        """One finished cycle: the router's own costs, and the measured against the predicted figures."""
+        with self.lock:
+            calls = 0
+            for model, result in report.results.items():
+                wall = report.call_ns.get(model, 0)
+                calls += wall
+                if wall:
+                    self._call_overhead[(model, len(result.timings))].add(max(0, wall - result.forward_ns))
+            batch = len(rows)
+            self._cycle_overhead[batch].add(max(0, cycle_ns - calls))
+            self.cycle_ns.add(cycle_ns)
+            now = self._clock()
+            ledger = self.ledgers[(report.chain, report.window if len(report.chain) > 1 else 0, batch, auto)]
+            ledger.cycles += 1
+            ledger.cycle_ns += cycle_ns
+            ledger.emitted += sum(len(report.emitted[r.row_id]) for r in rows) / batch
+            if decision is not None:
+                ledger.predicted_cycle_ns += decision.prediction.cost_ns
+                ledger.predicted_emitted += decision.prediction.emitted
+            for level, (d, v) in enumerate(chain_pairs(report.chain)):
+                modes = [GREEDY if r.sampling.greedy else SAMPLING for r in rows]
+                for mode in set(modes):
+                    self._pair_seen_at[(d, v, mode)] = now
+                for r_index, mode in enumerate(modes):
+                    acc = report.accepted[v][r_index]
+                    tried = min(acc + 1, report.proposed[v][r_index])
+                    entry = ledger.pairs[(d, v, mode)]
+                    entry[0] += acc
+                    entry[1] += tried
+                    if decision is not None and level < len(decision.prediction.checks):
+                        exp_acc, exp_tried = decision.prediction.checks[level]
+                        entry[2] += exp_acc
+                        entry[3] += exp_tried
+
+    def stats(self) -> dict:
+        return {**self.counts, "decision_ns": self.decision_ns.get(), "cycle_ns": self.cycle_ns.get(),
+                "planning_ns": self.planning_ns}

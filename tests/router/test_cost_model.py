@@ -1,0 +1,127 @@
+"""The cost model against brute force and simulation: exact distributions, expected cost and emitted tokens."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from specrouter.router.cost_model import LatencyTable, RowGroup, accepted_distribution, expected_batch_cost, predict
+
+# An arbitrary latency model: a fixed cost plus a cost per token of the padded block.
+COSTS = {"a": (1.0e6, 0.02e6), "b": (2.5e6, 0.05e6), "t": (9.0e6, 0.4e6)}
+
+
+def latency(model: str, batch: int, tokens: int) -> float:
+    fixed, per_token = COSTS[model]
+    return fixed + per_token * batch * tokens
+
+
+def overhead(model: str, forwards: int) -> float:
+    return 0.3e6 + 0.1e6 * forwards
+
+
+def test_accepted_distribution_matches_enumeration() -> None:
+    rng = random.Random(7)
+    for _ in range(20):
+        max_len = rng.randint(0, 6)
+        incoming = [rng.random() for _ in range(max_len + 1)]
+        incoming = [p / sum(incoming) for p in incoming]
+        rates = [rng.random() for _ in range(max_len)] or [0.5]
+        out, tried = accepted_distribution(incoming, rates)
+        want, want_tried = [0.0] * (max_len + 2), 0.0
+        for length, p_len in enumerate(incoming):
+            for outcome in itertools.product([True, False], repeat=length):  # accept or reject per position
+                p = p_len * math.prod(rates[i] if ok else 1 - rates[i] for i, ok in enumerate(outcome))
+                accepted = next((i for i, ok in enumerate(outcome) if not ok), length)
+                want[accepted + 1] += p
+                want_tried += p * min(accepted + 1, length)
+        assert out == pytest.approx(want, abs=1e-12)
+        assert tried == pytest.approx(want_tried, abs=1e-12)
+        assert sum(out) == pytest.approx(1.0)
+
+
+def test_expected_batch_cost_is_the_cost_of_the_longest_row() -> None:
+    dists = [([0.2, 0.5, 0.3], 2), ([0.6, 0.4], 1)]
+    want = 0.0
+    lengths = [range(3), range(3), range(2)]
+    probs = [dists[0][0], dists[0][0], dists[1][0]]
+    for combo in itertools.product(*lengths):
+        want += math.prod(p[c] for p, c in zip(probs, combo)) * (10 + max(combo) ** 2)
+    assert expected_batch_cost(dists, lambda n: 10 + n**2) == pytest.approx(want)
+
+
+def test_target_only_is_one_decode_step() -> None:
+    p = predict(["t"], 0, [RowGroup(4, [])], latency, overhead, cycle_overhead_ns=0.5e6)
+    assert p.emitted == 1.0
+    assert p.cost_ns == pytest.approx(latency("t", 4, 1) + overhead("t", 1) + 0.5e6)
+    assert p.t_eff_ns == p.cost_ns
+
+
+def _simulate(chain, window, groups, cycles: int, rng: random.Random) -> tuple[list[float], list[float]]:
+    """Runs the cycle as the router does, with Bernoulli acceptance per position: (costs, mean emitted)."""
+    batch = sum(g.rows for g in groups)
+    row_rates = [g.acceptance for g in groups for _ in range(g.rows)]
+    last_emitted = [1] * batch   # the first cycle's pending: one token (discarded below)
+    costs, emitted = [], []
+    for _ in range(cycles + 1):
+        pending = [1 + max(0, n - window) for n in last_emitted]
+        cost = latency(chain[0], batch, max(pending)) + (window - 1) * latency(chain[0], batch, 1)
+        cost += overhead(chain[0], window)
+        lengths = [window] * batch
+        for level, model in enumerate(chain[1:]):
+            cost += latency(model, batch, 1 + max(lengths)) + overhead(model, 1)
+            new = []
+            for rates, length in zip(row_rates, lengths):
+                accepted = 0
+                while accepted < length and rng.random() < rates[level][accepted]:
+                    accepted += 1
+                new.append(accepted + 1)
+            lengths = new
+        costs.append(cost)
+        emitted.append(sum(lengths) / batch)
+        last_emitted = lengths
+    return costs[1:], emitted[1:]
+
+
+@pytest.mark.parametrize("chain,window,groups", [
+    (("a", "t"), 4, [RowGroup(1, [[0.9, 0.8, 0.7, 0.6]])]),
+    (("a", "b", "t"), 3, [RowGroup(3, [[0.8] * 3, [0.9, 0.85, 0.8, 0.75]]),
+                          RowGroup(2, [[0.5] * 3, [0.6] * 4])]),
+    (("b", "t"), 8, [RowGroup(16, [[0.95] * 8])]),
+])
+def test_prediction_matches_simulation(chain, window, groups) -> None:
+    """Simulated means within 4.5 standard errors of the prediction: a false alarm rate of about 7e-6 per
+    comparison, two comparisons per case."""
+    rng = random.Random(1234)
+    p = predict(chain, window, groups, latency, overhead)
+    costs, emitted = _simulate(chain, window, groups, 20_000, rng)
+    for values, want in ((costs, p.cost_ns), (emitted, p.emitted)):
+        mean = sum(values) / len(values)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        assert abs(mean - want) <= 4.5 * sd / math.sqrt(len(values)) + 1e-9 * want, (mean, want)
+
+
+def test_prediction_fails_when_the_cycle_differs() -> None:
+    """The simulation test has power: a model that forgets the batch padding is off by many errors."""
+    groups = [RowGroup(16, [[0.6] * 4])]
+    p = predict(("a", "t"), 4, groups, latency, overhead)
+    unpadded = predict(("a", "t"), 4, [RowGroup(1, [[0.6] * 4])], lambda m, b, k: latency(m, 16, k), overhead)
+    costs, _ = _simulate(("a", "t"), 4, groups, 5_000, random.Random(5))
+    mean = sum(costs) / len(costs)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in costs) / (len(costs) - 1)) / math.sqrt(len(costs))
+    assert abs(mean - p.cost_ns) < 4.5 * sd
+    assert abs(mean - unpadded.cost_ns) > 20 * sd
+
+
+def test_latency_table_interpolates_between_measured_points() -> None:
+    table = LatencyTable({"m": {(1, 1): 10.0, (1, 4): 16.0, (4, 1): 14.0, (4, 4): 30.0}})
+    assert table("m", 1, 1) == 10.0
+    assert table("m", 1, 2) == pytest.approx(12.0)            # between k = 1 and k = 4
+    assert table("m", 1, 9) == pytest.approx(26.0)            # extrapolated along the last segment (slope 2)
+    assert table("m", 2, 1) == pytest.approx(10.0 + 4.0 / 3)  # between batch 1 and 4
+    assert table("m", 32, 4) >= 30.0                          # never cheaper than the largest measured
+    with pytest.raises(KeyError, match="no latency measured"):
+        table("other", 1, 1)

@@ -1,0 +1,154 @@
+"""The scheduler's decisions from a controlled snapshot: least T_eff, calibration, exploration, hysteresis."""
+
+from __future__ import annotations
+
+import pytest
+
+from specrouter.pool.similarity import PairSimilarity
+from specrouter.router.chain import Row
+from specrouter.router.estimates import AcceptanceEstimates, Calibration
+from specrouter.router.scheduler import SchedulerSettings, Scheduler, candidate_chains
+from specrouter.v1 import profiler_pb2 as ppb
+from specrouter.worker.sampling import SamplingParams
+
+GREEDY = ppb.DECODING_MODE_GREEDY
+MS = 1e6
+DECODE_MS = {"a": 1.0, "b": 2.5, "t": 10.0}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeBatch:
+    """What the scheduler reads of a ChainBatch: its rows."""
+
+    def __init__(self, rows: int, greedy: bool = True):
+        params = SamplingParams() if greedy else SamplingParams(temperature=1.0, seed=1)
+        self.rows = {str(i): Row(str(i), [1, 2, 3], 3, params, 64) for i in range(rows)}
+        for r in self.rows.values():
+            r.seen = {m: 2 for m in DECODE_MS}
+
+
+def snapshot(acceptance: dict[tuple[str, str], float], checks: int = 10_000, depth: int = 9) -> ppb.SnapshotResponse:
+    s = ppb.SnapshotResponse()
+    for model, ms in DECODE_MS.items():
+        for b in (1, 2, 3, 4, 8, 16):
+            for k in range(1, 11):
+                s.forward.add(model=model, batch_size_bucket=b, tokens_per_row_bucket=k,
+                              ema_forward_ns=ms * MS * (1 + 0.02 * b * k), samples=10)
+    for (d, v), rate in acceptance.items():
+        for position in range(depth):
+            s.acceptance.add(drafter=d, verifier=v, mode=GREEDY, position=position, ema_acceptance_rate=rate,
+                             accepted_total=int(rate * checks), proposed_total=checks, samples=100)
+    return s
+
+
+def make(acceptance, clock=None, **settings) -> tuple[Scheduler, dict]:
+    holder = {"snapshot": snapshot(acceptance)}
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(**settings), lambda: holder["snapshot"],
+                      clock=clock or Clock())
+    return sched, holder
+
+
+def test_candidates_are_every_chain_ending_at_the_target() -> None:
+    chains = candidate_chains(["a", "b", "t"], "t", max_levels=4)
+    assert chains == [("t",), ("a", "t"), ("b", "t"), ("a", "b", "t"), ("b", "a", "t")]
+    assert candidate_chains(["a", "b", "t"], "t", max_levels=2) == [("t",), ("a", "t"), ("b", "t")]
+
+
+def test_high_acceptance_picks_the_cheap_drafter_and_a_long_window() -> None:
+    sched, _ = make({("a", "t"): 0.95, ("b", "t"): 0.95, ("a", "b"): 0.95, ("b", "a"): 0.95},
+                    explore_after_s=1e9)
+    chain, window = sched.choose(FakeBatch(1))
+    assert chain == ("a", "t") and window >= 6
+    plan = sched.plan(1, 0)
+    assert plan.predictions[0].t_eff_ns <= min(p.t_eff_ns for p in plan.predictions)
+    assert {(p.chain, p.window) for p in plan.predictions} >= {(("t",), 0), (("b", "a", "t"), 8)}
+
+
+def test_low_acceptance_picks_target_only() -> None:
+    sched, _ = make({pair: 0.05 for pair in [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]}, explore_after_s=1e9)
+    assert sched.choose(FakeBatch(4)) == (("t",), 0)
+
+
+def test_decision_follows_the_metrics_with_hysteresis() -> None:
+    clock = Clock()
+    sched, holder = make({("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}, clock,
+                         explore_after_s=1e9, recompute_s=0.0)
+    batch = FakeBatch(1)
+    first = sched.choose(batch)
+    assert first[0] == ("a", "t")
+    # the same prediction, slightly better elsewhere (within hysteresis): the batch keeps its choice
+    assert sched.choose(batch) == first
+    # acceptance collapses: the plan is refreshed and the batch switches to plain decoding
+    holder["snapshot"] = snapshot({("a", "t"): 0.02, ("b", "t"): 0.02, ("a", "b"): 0.02, ("b", "a"): 0.02})
+    clock.now += 1
+    assert sched.choose(batch) == (("t",), 0)
+    assert sched.counts["switches"] == 1
+
+
+def test_hysteresis_keeps_a_choice_that_is_nearly_as_good() -> None:
+    sched, _ = make({("a", "t"): 0.8, ("b", "t"): 0.5, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9,
+                    hysteresis=0.5)
+    batch = FakeBatch(1)
+    plan = sched.plan(1, 0)
+    second = next(p for p in plan.predictions[1:] if p.t_eff_ns < plan.predictions[0].t_eff_ns * 1.5)
+    from specrouter.router.scheduler import Decision, _BatchState
+    sched._batches[batch] = _BatchState(current=Decision(second.chain, second.window, second))
+    assert sched.choose(batch) == (second.chain, second.window)
+
+
+def test_unmeasured_pairs_are_explored_then_left_alone() -> None:
+    clock = Clock()
+    sched, _ = make({("a", "t"): 0.9}, clock, explore_after_s=5.0, explore_every_cycles=10)
+    batch = FakeBatch(1)
+    decisions = [sched.choose(batch) for _ in range(40)]
+    explored = {c for c, _ in decisions if c != ("a", "t")}
+    # the three pairs never measured, (b, t), (a, b) and (b, a), each got a cycle of a chain holding them
+    assert sched.counts["explorations"] == 3
+    assert ("b", "a", "t") in explored and any("b" in c for c in explored)
+    gaps = [i for i, (c, _) in enumerate(decisions) if c != ("a", "t")]
+    assert all(later - earlier >= 10 for earlier, later in zip(gaps, gaps[1:]))
+
+
+def test_calibration_recovers_a_line_and_starts_as_the_identity() -> None:
+    assert Calibration.fit([])(0.7) == pytest.approx(0.7)
+    assert Calibration.fit([(0.5, 0.6, 1.0)])(0.7) == pytest.approx(0.8)
+    line = Calibration.fit([(x, 0.1 + 0.8 * x, 1.0) for x in (0.2, 0.5, 0.9)])
+    assert (line.intercept, line.slope) == (pytest.approx(0.1), pytest.approx(0.8))
+    assert line(2.0) == 1.0 and line(-1.0) == 0.0
+
+
+def test_prior_of_an_unobserved_pair_comes_from_calibrated_similarity() -> None:
+    offline = [PairSimilarity("a", "t", "greedy", 0.6, 100), PairSimilarity("b", "t", "greedy", 0.8, 100),
+               PairSimilarity("a", "b", "greedy", 0.7, 100)]
+    # observed: acceptance = similarity + 0.1 on both pairs
+    est = AcceptanceEstimates(snapshot({("a", "t"): 0.7, ("b", "t"): 0.9}), offline, prior_weight=16)
+    assert est.prior(("a", "b", "greedy")) == pytest.approx(0.8)
+    assert est.rates(("a", "b", "greedy"), 3) == pytest.approx([0.8] * 3)
+    assert est.prior(("b", "a", "greedy")) == 0.5   # no similarity at all: the default
+    # an observed pair uses its measurements, shrunk by prior_weight pseudo-checks (towards the default
+    # here: without similarities there is no calibration)
+    few = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=16), (), prior_weight=16, default_acceptance=0.5)
+    assert few.rates(("a", "t", "greedy"), 1)[0] == pytest.approx((0.2 + 0.5) / 2)
+
+
+def test_deeper_positions_take_the_deepest_measured_rate() -> None:
+    est = AcceptanceEstimates(snapshot({("a", "t"): 0.9}, depth=2), prior_weight=0)
+    assert est.rates(("a", "t", "greedy"), 5) == pytest.approx([0.9] * 5)
+
+
+def test_decisions_are_cheap_once_planned() -> None:
+    sched, _ = make({("a", "t"): 0.9}, explore_every_cycles=10**9, recompute_s=1e9)
+    batch = FakeBatch(4)
+    sched.choose(batch)
+    plans = sched.counts["plans"]
+    for _ in range(200):
+        sched.choose(batch)
+    assert sched.counts["plans"] == plans          # no re-planning on the decision path
+    assert sched.decision_ns.get() < 1e6           # well under a millisecond per decision
