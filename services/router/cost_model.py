@@ -145,25 +145,26 @@ def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], laten
 
 
 class LatencyTable:
-    """t_model(B, k) from measured points, interpolated piecewise-linearly where a point is missing.
+    """t_model(B, k) from measured points: per batch size, a weighted least-squares line in k.
 
-    Points are (batch bucket, tokens bucket) -> ns per model. A missing k is interpolated between the
-    nearest measured k at the same batch size (extrapolated along the last segment, never below the
-    nearest point); a missing batch size the same way across batch sizes.
+    Points are (batch bucket, tokens bucket) -> (ns, weight) per model; the weight is how many passes the
+    point averages (capped by the caller). A line per batch size pools every window's measurements, so a
+    window that has not run lately is not judged on one stale point; with a single point the cost is
+    flat in k. A batch size without points is interpolated between the nearest measured ones
+    (extrapolated along the last segment, never below the nearest).
     """
 
-    def __init__(self, points: Mapping[str, Mapping[tuple[int, int], float]]):
-        self._by_batch: dict[str, dict[int, tuple[list[int], list[float]]]] = {}
+    def __init__(self, points: Mapping[str, Mapping[tuple[int, int], tuple[float, float]]]):
+        self._lines: dict[str, dict[int, tuple[float, float]]] = {}
         for model, pts in points.items():
-            rows: dict[int, list[tuple[int, float]]] = {}
-            for (b, k), ns in pts.items():
-                rows.setdefault(b, []).append((k, ns))
-            self._by_batch[model] = {b: ([k for k, _ in sorted(v)], [ns for _, ns in sorted(v)])
-                                     for b, v in rows.items()}
+            rows: dict[int, list[tuple[int, float, float]]] = {}
+            for (b, k), (ns, w) in pts.items():
+                rows.setdefault(b, []).append((k, ns, w))
+            self._lines[model] = {b: _fit_line(v) for b, v in rows.items()}
         self._cache: dict[tuple[str, int, int], float] = {}
 
     def models(self) -> set[str]:
-        return set(self._by_batch)
+        return set(self._lines)
 
     def __call__(self, model: str, batch_size: int, tokens: int) -> float:
         key = (model, batch_size, tokens)
@@ -175,14 +176,27 @@ class LatencyTable:
     def _lookup(self, model: str, batch_size: int, tokens: int) -> float:
         from specrouter.profiler.metrics import bucket
 
-        by_batch = self._by_batch.get(model)
-        if not by_batch:
+        lines = self._lines.get(model)
+        if not lines:
             raise KeyError(f"no latency measured for model {model!r}")
         b, k = bucket(batch_size), bucket(tokens)
-        if b in by_batch:
-            return _interpolate(*by_batch[b], k)
-        sizes = sorted(by_batch)
-        return _interpolate(sizes, [_interpolate(*by_batch[s], k) for s in sizes], b)
+        if b in lines:
+            a, slope = lines[b]
+            return max(a + slope * k, 0.0)
+        sizes = sorted(lines)
+        return _interpolate(sizes, [max(lines[s][0] + lines[s][1] * k, 0.0) for s in sizes], b)
+
+
+def _fit_line(points: Sequence[tuple[int, float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of ns against k, weighted least squares; the slope is never negative."""
+    w = sum(p[2] for p in points)
+    mk = sum(k * wt for k, _, wt in points) / w
+    my = sum(y * wt for _, y, wt in points) / w
+    skk = sum(wt * (k - mk) ** 2 for k, _, wt in points)
+    if skk <= 0:
+        return my, 0.0
+    slope = max(0.0, sum(wt * (k - mk) * (y - my) for k, y, wt in points) / skk)
+    return my - slope * mk, slope
 
 
 def _interpolate(xs: Sequence[int], ys: Sequence[float], x: int) -> float:

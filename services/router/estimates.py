@@ -1,12 +1,19 @@
 """The scheduler's inputs, read from the profiler's snapshot: latency per model and acceptance per pair.
 
 Acceptance of an ordered pair (drafter, verifier) in a decoding mode, per draft position i, is the
-profiler's EMA of the realized rate, shrunk towards a prior by `prior_weight` pseudo-checks while a
-position has few checks. The prior of a pair comes from its similarity (1 - E[TV] between the two models'
-rows) through a calibration, a least-squares line from similarity to realized acceptance fitted over the
-pairs already observed in that mode (identity until two pairs are). The similarity of a pair is the one
-measured offline for the pool when there is one (it exists for every pair, observed or not), else the
-live one from verification. Positions deeper than any measured take the deepest measured rate.
+profiler's EMA of the realized rate, shrunk in two steps by `prior_weight` pseudo-checks: each position
+towards the pair's rate pooled over its positions, and that pooled rate towards the pair's prior. The
+counts are effective ones: an EMA remembers about (2 - alpha) / alpha reports, so a position's weight is
+its checks per report times that, never more than its checks, and times the fraction of the pair's
+reports that reached it (a deep position's EMA reaches further back in time: under a changing workload it
+is stale). Deep positions are checked rarely; this keeps an easy stretch long gone from making a long
+window look good. Positions never measured take the pooled rate.
+
+The prior of a pair comes from its similarity (1 - E[TV] between the two models' rows) through a
+calibration, a least-squares line from similarity to realized acceptance fitted over the pairs already
+observed in that mode (identity until two pairs are). The similarity of a pair is the one measured offline
+for the pool when there is one (it exists for every pair, observed or not), else the live one from
+verification.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ class Calibration:
 @dataclass(frozen=True)
 class PositionRate:
     rate: float
-    checks: int     # positions checked, all time
+    checks: float   # effective checks behind the EMA (see the module's docstring)
 
 
 class AcceptanceEstimates:
@@ -67,10 +74,20 @@ class AcceptanceEstimates:
         self.live_similarity: dict[Pair, float] = {}
         self.offline_similarity: dict[Pair, float] = {(s.drafter, s.verifier, s.mode): s.similarity for s in offline}
         if snapshot is not None:
+            alpha = snapshot.ema_alpha or 0.1
+            memory = (2 - alpha) / alpha        # reports an EMA effectively averages
+            reports: dict[Pair, int] = {}
+            for a in snapshot.acceptance:
+                if a.mode in _MODES:
+                    pair = (a.drafter, a.verifier, _MODES[a.mode])
+                    reports[pair] = max(reports.get(pair, 0), a.samples)
             for a in snapshot.acceptance:
                 if a.proposed_total > 0 and a.mode in _MODES:
-                    self.observed.setdefault((a.drafter, a.verifier, _MODES[a.mode]), {})[a.position] = \
-                        PositionRate(a.ema_acceptance_rate, a.proposed_total)
+                    pair = (a.drafter, a.verifier, _MODES[a.mode])
+                    checks = min(float(a.proposed_total), memory * a.proposed_total / max(a.samples, 1))
+                    # a position reached in a fraction of the pair's reports last moved that much longer ago
+                    checks *= a.samples / reports[pair]
+                    self.observed.setdefault(pair, {})[a.position] = PositionRate(a.ema_acceptance_rate, checks)
             for s in snapshot.similarity:
                 if s.mode in _MODES:
                     self.live_similarity[(s.drafter, s.verifier, _MODES[s.mode])] = s.ema_similarity
@@ -108,13 +125,13 @@ class AcceptanceEstimates:
             return cached
         prior = self.prior(pair)
         measured = self.observed.get(pair, {})
-        out, last = [], prior
+        w = self.prior_weight
+        total = sum(m.checks for m in measured.values())
+        pooled = (sum(m.rate * m.checks for m in measured.values()) + w * prior) / (total + w)
+        out = []
         for i in range(positions):
             m = measured.get(i)
-            if m is not None:
-                n = m.checks
-                last = (n * m.rate + self.prior_weight * prior) / (n + self.prior_weight)
-            out.append(last)
+            out.append(pooled if m is None else (m.checks * m.rate + w * pooled) / (m.checks + w))
         self._rates[pair] = out
         return out
 
@@ -123,16 +140,21 @@ class AcceptanceEstimates:
         return {pair: pos[min(pos)].checks for pair, pos in self.observed.items() if pos}
 
 
+LATENCY_WEIGHT_CAP = 32   # passes beyond which a measured point weighs no more in its line
+
+
 def latency_table(snapshot: ppb.SnapshotResponse | None,
                   warmup: Mapping[str, Sequence[tuple[int, int, int]]]) -> LatencyTable:
-    """Live latencies from the snapshot; the workers' warm-up profile fills what the snapshot lacks."""
+    """Live latencies from the snapshot, weighted by the passes each averages; the workers' warm-up
+    profile (one pass per point) fills what the snapshot lacks."""
     from specrouter.profiler.metrics import bucket
 
-    points: dict[str, dict[tuple[int, int], float]] = {}
+    points: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
     for model, timings in warmup.items():
         for b, k, ns in timings:
-            points.setdefault(model, {})[(bucket(b), bucket(k))] = float(ns)
+            points.setdefault(model, {})[(bucket(b), bucket(k))] = (float(ns), 1.0)
     if snapshot is not None:
         for f in snapshot.forward:
-            points.setdefault(f.model, {})[(f.batch_size_bucket, f.tokens_per_row_bucket)] = f.ema_forward_ns
+            points.setdefault(f.model, {})[(f.batch_size_bucket, f.tokens_per_row_bucket)] = \
+                (f.ema_forward_ns, float(min(max(f.samples, 1), LATENCY_WEIGHT_CAP)))
     return LatencyTable(points)

@@ -8,7 +8,7 @@ is a dictionary lookup; only a composition never seen before is planned inline. 
 
 - exploration: a pair of models that has not been measured for `explore_after_s` (or never) gets one
   cycle of the best chain that contains it, at its best window plus `explore_extra_window` (so deeper
-  draft positions get measured too), at most once every `explore_every_cycles` cycles of a batch;
+  draft positions get measured too), at most once every `explore_every_cycles` cycles of the router;
 - hysteresis: the batch keeps its current choice unless the best is predicted faster by `hysteresis`,
   counting the catch-up of models that sat out (their pending tokens) spread over `switch_horizon_cycles`.
 
@@ -44,9 +44,9 @@ class SchedulerSettings(BaseModel):
     recompute_s: float = 0.25           # a batch composition's ranking is at most this old
     hysteresis: float = 0.03            # switch only when the best is predicted this much faster
     switch_horizon_cycles: int = 16     # catch-up cost of a switch is spread over this many cycles
-    explore_after_s: float = 5.0        # a pair unmeasured this long gets an exploration cycle
-    explore_every_cycles: int = 25      # at most one exploration cycle per this many cycles of a batch
-    explore_extra_window: int = 2       # exploration drafts this much deeper than the chain's best window
+    explore_after_s: float = 10.0       # a pair unmeasured this long gets an exploration cycle
+    explore_every_cycles: int = 50      # at most one exploration cycle per this many cycles (all batches)
+    explore_extra_window: int = 1       # exploration drafts this much deeper than the chain's best window
     prior_weight: float = 16.0          # pseudo-checks of the similarity prior in a position's rate
     default_acceptance: float = 0.5     # prior of a pair with no similarity at all
     overhead_alpha: float = 0.05        # EMA constant of the router's own per-call and per-cycle costs
@@ -104,7 +104,6 @@ class _BatchState:
     current: Decision | None = None   # the standing choice (explorations do not replace it)
     last: Decision | None = None      # the decision of the latest cycle, exploration or not
     cycles: int = 0
-    last_explore_cycle: int = -(10**9)
 
 
 @dataclass
@@ -148,6 +147,8 @@ class Scheduler:
         self.cycle_ns = _Ema(0.01)
         self.counts = {"decisions": 0, "explorations": 0, "switches": 0, "plans": 0}
         self.planning_ns = 0                      # time spent planning, all threads
+        self._cycles = 0                          # decisions of every batch, for the exploration rate
+        self._last_explore_cycle = -(10**9)
         self._wanted: dict[tuple[int, int], float] = {}   # composition -> last time a decision needed it
         self._stop = threading.Event()
         self._planner: threading.Thread | None = None
@@ -288,10 +289,11 @@ class Scheduler:
         greedy = sum(1 for r in rows if r.sampling.greedy)
         plan = self.plan(greedy, len(rows) - greedy)
         state.cycles += 1
+        self._cycles += 1
         self.counts["decisions"] += 1
         explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy)
         if explore is not None:
-            state.last_explore_cycle = state.cycles
+            self._last_explore_cycle = self._cycles
             self.counts["explorations"] += 1
             return explore
         best = plan.predictions[0]
@@ -315,7 +317,7 @@ class Scheduler:
     def _exploration(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
                      sampling: int) -> Decision | None:
         s = self.settings
-        if state.cycles - state.last_explore_cycle < s.explore_every_cycles or len(self.chains) < 2:
+        if self._cycles - self._last_explore_cycle < s.explore_every_cycles or len(self.chains) < 2:
             return None
         now = self._clock()
         modes = [m for m, n in ((GREEDY, greedy), (SAMPLING, sampling)) if n]

@@ -116,12 +116,22 @@ def test_prediction_fails_when_the_cycle_differs() -> None:
     assert abs(mean - unpadded.cost_ns) > 20 * sd
 
 
-def test_latency_table_interpolates_between_measured_points() -> None:
-    table = LatencyTable({"m": {(1, 1): 10.0, (1, 4): 16.0, (4, 1): 14.0, (4, 4): 30.0}})
-    assert table("m", 1, 1) == 10.0
-    assert table("m", 1, 2) == pytest.approx(12.0)            # between k = 1 and k = 4
-    assert table("m", 1, 9) == pytest.approx(26.0)            # extrapolated along the last segment (slope 2)
-    assert table("m", 2, 1) == pytest.approx(10.0 + 4.0 / 3)  # between batch 1 and 4
+def test_latency_table_fits_a_line_per_batch_size() -> None:
+    line = {(1, k): (10.0 + 2.0 * k, 8.0) for k in (1, 2, 4)}
+    table = LatencyTable({"m": {**line, (4, 1): (14.0, 1.0), (4, 4): (30.0, 1.0)}})
+    assert table("m", 1, 3) == pytest.approx(16.0)            # between measured windows, on the line
+    assert table("m", 1, 9) == pytest.approx(28.0)            # beyond them, on the line
+    assert table("m", 2, 1) == pytest.approx(12.0 + 2.0 / 3)  # a batch size between 1 and 4
     assert table("m", 32, 4) >= 30.0                          # never cheaper than the largest measured
     with pytest.raises(KeyError, match="no latency measured"):
         table("other", 1, 1)
+
+
+def test_latency_table_trusts_points_by_their_passes() -> None:
+    """A stale warm-up point (1 pass) hardly moves a line measured live (32 passes per point)."""
+    live = {(1, k): (10.0 + k, 32.0) for k in (1, 2, 3)}
+    table = LatencyTable({"m": {**live, (1, 5): (40.0, 1.0)}})
+    equal = LatencyTable({"m": {**{key: (ns, 1.0) for key, (ns, _) in live.items()}, (1, 5): (40.0, 1.0)}})
+    assert table("m", 1, 4) < 17.0 < 25.0 < equal("m", 1, 4)   # the live line says 14
+    single = LatencyTable({"m": {(1, 3): (7.0, 1.0)}})
+    assert single("m", 1, 1) == single("m", 1, 9) == 7.0       # one point: flat in k

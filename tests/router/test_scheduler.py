@@ -34,8 +34,9 @@ class FakeBatch:
             r.seen = {m: 2 for m in DECODE_MS}
 
 
-def snapshot(acceptance: dict[tuple[str, str], float], checks: int = 10_000, depth: int = 9) -> ppb.SnapshotResponse:
-    s = ppb.SnapshotResponse()
+def snapshot(acceptance: dict[tuple[str, str], float], checks: int = 10_000, depth: int = 9,
+             samples: int = 100) -> ppb.SnapshotResponse:
+    s = ppb.SnapshotResponse(ema_alpha=0.1)
     for model, ms in DECODE_MS.items():
         for b in (1, 2, 3, 4, 8, 16):
             for k in range(1, 11):
@@ -44,7 +45,7 @@ def snapshot(acceptance: dict[tuple[str, str], float], checks: int = 10_000, dep
     for (d, v), rate in acceptance.items():
         for position in range(depth):
             s.acceptance.add(drafter=d, verifier=v, mode=GREEDY, position=position, ema_acceptance_rate=rate,
-                             accepted_total=int(rate * checks), proposed_total=checks, samples=100)
+                             accepted_total=int(rate * checks), proposed_total=checks, samples=samples)
     return s
 
 
@@ -134,8 +135,15 @@ def test_prior_of_an_unobserved_pair_comes_from_calibrated_similarity() -> None:
     assert est.prior(("b", "a", "greedy")) == 0.5   # no similarity at all: the default
     # an observed pair uses its measurements, shrunk by prior_weight pseudo-checks (towards the default
     # here: without similarities there is no calibration)
-    few = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=16), (), prior_weight=16, default_acceptance=0.5)
-    assert few.rates(("a", "t", "greedy"), 1)[0] == pytest.approx((0.2 + 0.5) / 2)
+    # (0.1 EMA: about 19 reports remembered; one report of 16 checks weighs 16)
+    few = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=16, depth=1, samples=1), (), prior_weight=16,
+                              default_acceptance=0.5)
+    pooled = (16 * 0.2 + 16 * 0.5) / 32
+    assert few.rates(("a", "t", "greedy"), 2) == pytest.approx([(16 * 0.2 + 16 * pooled) / 32, pooled])
+    # many reports of one check each: the EMA remembers about 19 of them, not all 10,000
+    many = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=10_000, depth=1, samples=10_000), (),
+                               prior_weight=16, default_acceptance=0.5)
+    assert many.observed[("a", "t", "greedy")][0].checks == pytest.approx(19.0)
 
 
 def test_deeper_positions_take_the_deepest_measured_rate() -> None:
