@@ -81,7 +81,8 @@ def generate(
     chain: str = typer.Option("auto", help="auto, target, or NAME,NAME,... ending at the target."),
     window: int = typer.Option(0, help="Draft window W (0: the router's choice)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    in_process: bool = typer.Option(False, "--in-process", help="Run the pool in this process instead."),
+    in_process: bool = typer.Option(False, "--in-process", help="Run the pool in this process instead (no "
+                                    "scheduler there: auto means the smallest model and the target, window 4)."),
     pool: Path = typer.Option(None, help="With --in-process: the pool directory."),
 ) -> None:
     """Generate a continuation of PROMPT through a router (or the pool in this process)."""
@@ -208,6 +209,88 @@ def up(
     if dead:
         _fail("UNAVAILABLE", f"{', '.join(dead)} exited; see the logs in {log_dir}")
     typer.echo("stopped", err=True)
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail("INVALID_ARGUMENT", f"--{name} takes integers separated by commas, got {text!r}")
+    if not values or min(values) < 1:
+        _fail("INVALID_ARGUMENT", f"--{name} needs at least one integer >= 1, got {text!r}")
+    return values
+
+
+@app.command("scheduler-report")
+def scheduler_report(
+    prompts: Path = typer.Option(None, help='JSON lines of {"kind": ..., "prompt": ...} (default: the held-out '
+                                            "code, repetitive and prose workloads)."),
+    batch_sizes: str = typer.Option("1,4,16", help="Requests in flight at a time, comma separated."),
+    windows: str = typer.Option("1,2,3,4,5,6,7,8", help="Draft windows of the static configurations."),
+    max_new_tokens: int = typer.Option(48, help="Tokens per request."),
+    repeats: int = typer.Option(1, help="Measured passes over every configuration (median reported)."),
+    per_kind: int = typer.Option(16, help="Built-in prompts per workload kind."),
+    requests: int = typer.Option(8, help="Requests per workload and batch size (whole waves of the batch size)."),
+    temperature: float = typer.Option(0.0, help="0: greedy; > 0: sampling."),
+    switching: str = typer.Option("prose>repetitive", help="A>B: a run of kind A then B ('' for none)."),
+    switching_batch_sizes: str = typer.Option("1", help="Batch sizes of the switching run."),
+    router: str = typer.Option(None, help="Use this router (HOST:PORT) instead of starting a local cluster."),
+    pool: Path = typer.Option(None, help="Pool of the local cluster (default: the shipped demo pool)."),
+    redis_url: str = typer.Option(None, help="Redis for the local cluster's profiler (default: in memory)."),
+    out: Path = typer.Option(Path(".cache/scheduler-report"), help="Directory for report.json and report.png."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Measure every static (chain, window) against the adaptive scheduler and target-only, side by side."""
+    import json
+    import tempfile
+
+    from specrouter.report import workloads
+    from specrouter.report.scheduler_report import ReportSettings, SchedulerReport, format_report, log_line
+
+    _logging(verbose)
+    if repeats < 1 or max_new_tokens < 1:
+        _fail("INVALID_ARGUMENT", "--repeats and --max-new-tokens must be >= 1")
+    pair = None
+    if switching:
+        if ">" not in switching:
+            _fail("INVALID_ARGUMENT", f"--switching takes KIND>KIND, got {switching!r}")
+        a, b = (x.strip() for x in switching.split(">", 1))
+        pair = (a, b)
+    try:
+        items = workloads.load_prompts(prompts) if prompts else workloads.builtin_prompts(per_kind)
+    except (OSError, ValueError) as exc:
+        _fail("INVALID_ARGUMENT", str(exc))
+    kinds = {p.kind for p in items}
+    if pair and not set(pair) <= kinds:
+        _fail("INVALID_ARGUMENT", f"--switching {switching!r} names kinds not among the prompts' {sorted(kinds)}")
+    settings = ReportSettings(batch_sizes=_int_list(batch_sizes, "batch-sizes"), windows=_int_list(windows, "windows"),
+                              max_new_tokens=max_new_tokens, repeats=repeats, requests=requests,
+                              temperature=temperature, switching=pair,
+                              switching_batch_sizes=_int_list(switching_batch_sizes, "switching-batch-sizes"))
+    cluster = None
+    try:
+        if router is None:
+            from specrouter.launcher import LocalCluster
+
+            log_line("starting a local cluster of the pool ...")
+            cluster = LocalCluster(pool or default_pool(), Path(tempfile.mkdtemp(prefix="specrouter-report-")),
+                                   port=0, redis_url=redis_url, on_start=lambda s: log_line(f"{s.name} up at {s.address}"))
+            router = cluster.router.address
+        report = SchedulerReport(router, settings, say=log_line).run(items)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    from specrouter.report.chart import write_chart
+
+    chart = write_chart(report, out / "report.png")
+    if as_json:
+        print(json.dumps(report))
+    else:
+        typer.echo(format_report(report))
+    log_line(f"wrote {out / 'report.json'} and {chart}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from specrouter import AsyncClient, Client, DeadlineExceededError, InvalidRequestError
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.inprocess import InProcessPool
-from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, worker_pb2, worker_pb2_grpc
+from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from specrouter.worker.sampling import SamplingParams
 from tests.conftest import DEMO_POOL
 
@@ -66,7 +66,9 @@ def redis(redis_factory):
 def cluster(tmp_path_factory, redis, traces):
     """`specrouter up --port 0` as a user runs it; yields (process, router address)."""
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{traces[1]}",
-           "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+           "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "200",
+           # the scheduler explores every third cycle, so "auto" requests switch chains all the time
+           "SPECROUTER_ROUTER_SCHEDULER__EXPLORE_AFTER_S": "0", "SPECROUTER_ROUTER_SCHEDULER__EXPLORE_EVERY_CYCLES": "3"}
     logs = tmp_path_factory.mktemp("logs")
     proc = subprocess.Popen([sys.executable, "-m", "specrouter.cli", "up", "--pool", str(DEMO_POOL), "--port", "0",
                              "--redis-url", redis.url, "--log-dir", str(logs)],
@@ -270,6 +272,73 @@ def test_profiler_holds_measurements_from_the_router(cluster, client) -> None:
     snap = profiler_snapshot(cluster[2]["profiler"], until=lambda s: {f.model for f in s.forward} == models)
     assert {f.model for f in snap.forward} == models and not snap.stale
     assert any(a.proposed_total > 0 for a in snap.acceptance)
+
+
+def test_adaptive_output_is_exact_while_the_scheduler_switches_chains(client, local, prompts) -> None:
+    """Greedy "auto" equals target-only token for token, with chains changing between cycles (exploring
+    every third cycle: models that sat out catch up first)."""
+    ids = [local.encode(p) for p in prompts]
+    expected = [r.generated for r in local.generate_ids(ids, (local.target,), 1, [SamplingParams()] * len(ids),
+                                                        NEW_TOKENS * 2)]
+    with futures.ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda p: client.generate(p, max_new_tokens=NEW_TOKENS * 2), prompts))
+    assert [g.token_ids for g in got] == expected
+    used = set().union(*(g.stats.chain_counts for g in got))
+    assert len(used) >= 3, used     # the scheduler's choice and at least two explored chains
+    assert not any(wait_no_states(client).values())
+
+
+def test_schedule_ranks_every_candidate_and_shows_its_estimates(cluster, client) -> None:
+    names = [m.name for m in client.models()]   # smallest first, the target last
+    small, mid, target = names
+    with grpc.insecure_channel(cluster[1]) as ch:
+        stub = router_pb2_grpc.RouterServiceStub(ch)
+        reply = stub.Schedule(router_pb2.ScheduleRequest(greedy_rows=4))
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Schedule(router_pb2.ScheduleRequest(greedy_rows=5000))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most" in error.value.details()
+    got = {(tuple(c.chain), c.window) for c in reply.candidates}
+    chains = [(small, target), (mid, target), (small, mid, target), (mid, small, target)]
+    assert got == {((target,), 0)} | {(c, w) for c in chains for w in range(1, 9)}
+    t_eff = [c.predicted_t_eff_ms for c in reply.candidates]
+    assert t_eff == sorted(t_eff) and all(t > 0 for t in t_eff)
+    assert all(abs(c.predicted_t_eff_ms - c.predicted_cycle_ms / c.predicted_emitted) < 1e-6 for c in reply.candidates)
+    pairs = {(p.drafter, p.verifier): p for p in reply.pairs}
+    assert set(pairs) == {(small, target), (mid, target), (small, mid), (mid, small)}
+    shipped = json.loads((DEMO_POOL / "similarity.json").read_text())["pairs"]
+    offline = {(p["drafter"], p["verifier"]): p["similarity"] for p in shipped if p["mode"] == "greedy"}
+    for pair, p in pairs.items():
+        assert p.mode == "greedy" and p.similarity == pytest.approx(offline[pair]) and len(p.rates) == 8
+        assert p.HasField("realized") and p.HasField("live_similarity")   # every pair measured by now
+    assert reply.decisions > 0 and reply.explorations > 0 and reply.decision_us > 0 and reply.cycle_ms > 0
+    adaptive = [ledger for ledger in reply.ledgers if ledger.adaptive]
+    assert adaptive and all(ledger.predicted_emitted > 0 for ledger in adaptive)
+
+
+def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"kind": k, "prompt": p}) for k, p in
+                                 [("code", "def f(x):\n"), ("code", "import os\n"), ("prose", "The weather was")]))
+    out = subprocess.run([sys.executable, "-m", "specrouter.cli", "scheduler-report", "--router", cluster[1],
+                          "--prompts", str(prompts), "--batch-sizes", "1,2", "--windows", "2", "--repeats", "1",
+                          "--max-new-tokens", "6", "--requests", "2", "--switching", "code>prose",
+                          "--out", str(tmp_path / "report"), "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert [(r["kind"], r["batch_size"]) for r in report["runs"]] == \
+        [("code", 1), ("code", 2), ("prose", 1), ("prose", 2), ("switching:code>prose", 1)]
+    for run in report["runs"]:
+        assert run["target_only_tokens_per_s"] > 0 and run["adaptive_tokens_per_s"] > 0
+        assert len(run["static"]) == 5    # target-only and 4 chains at window 2
+        for x in run["static"]:
+            assert {"chain", "window", "tokens_per_s", "predicted_t_eff_ms", "measured_t_eff_ms"} <= set(x)
+            assert x["predicted_t_eff_ms"] > 0 and x["measured_t_eff_ms"] > 0
+    assert report["acceptance"] and all({"pair", "predicted", "realized"} <= set(a) for a in report["acceptance"])
+    assert set(report["checks"]) >= {"adaptive_within_5pct_of_best_static", "acceptance_within_0.05"}
+    assert "%]" in out.stderr or "min left" in out.stderr   # progress, one line per run
+    png = (tmp_path / "report" / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    assert json.loads((tmp_path / "report" / "report.json").read_text()) == report
 
 
 def test_one_trace_per_request_spans_every_service(client, traces) -> None:

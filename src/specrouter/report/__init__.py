@@ -1,0 +1,1 @@
+"""The scheduler report: workloads, side-by-side runs of every static chain against the adaptive scheduler, chart."""

@@ -1,0 +1,401 @@
+"""`specrouter scheduler-report`: every static (chain, window) against the adaptive scheduler, side by side.
+
+For each workload kind and batch size, the same requests run once per configuration, through a router:
+target-only, every chain of the pool at every window asked for, and `auto` (the adaptive scheduler).
+The requests go in waves of B (batch size B: B requests in flight together, batched by the router), and
+every wave runs under every configuration before the next wave starts: `auto` first (so what it knows
+of the workload comes from earlier waves, never from the same requests run statically), then the static
+configurations in a shuffled order. Interleaving at this grain spreads every configuration's runs over
+the whole measurement, so a machine that slows down for a while slows all of them alike. A configuration's
+tokens per second are its tokens over its seconds summed over the waves; with `repeats` passes, the
+median pass. One unmeasured `auto` run of the first wave comes first.
+
+Measured per configuration: tokens per second at the client; T_eff measured at the router (its cycles'
+wall time over the tokens they emitted per row, read from the router's ledgers before and after the run)
+beside the scheduler's prediction for the same configuration taken just before the run; for adaptive
+runs, the scheduler's predicted acceptance of every pair beside the realized one over the same cycles.
+
+A switching run sends the requests of one kind, then of another, as one stream; every static
+configuration and the adaptive scheduler run it the same way.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+
+from specrouter.client import Client
+from specrouter.report.workloads import Prompt
+from specrouter.v1 import router_pb2 as pb
+from specrouter.v1 import router_pb2_grpc
+
+TARGET_ONLY, ADAPTIVE = "target", "auto"
+REQUESTS = 8               # requests per workload and batch size (at least one wave of the batch size)
+ACCEPTANCE_MIN_CHECKS = 200  # a pair is "in use" by the adaptive scheduler with at least this many checks
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    batch_sizes: Sequence[int] = (1, 4, 16)
+    windows: Sequence[int] = tuple(range(1, 9))
+    max_new_tokens: int = 48
+    repeats: int = 1
+    requests: int = REQUESTS
+    temperature: float = 0.0
+    switching: tuple[str, str] | None = ("prose", "repetitive")
+    switching_batch_sizes: Sequence[int] = (1,)
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class Config:
+    chain: tuple[str, ...] | None   # None: adaptive
+    window: int
+
+    @property
+    def spec(self) -> str:
+        return ADAPTIVE if self.chain is None else ",".join(self.chain)
+
+    def label(self) -> str:
+        if self.chain is None:
+            return "adaptive"
+        return ",".join(self.chain) + (f" W{self.window}" if len(self.chain) > 1 else "")
+
+
+@dataclass
+class Measured:
+    tokens_per_s: list[float] = field(default_factory=list)   # per pass
+    tokens: int = 0                                            # of the current pass
+    seconds: float = 0.0
+    predicted_t_eff_ms: list[float] = field(default_factory=list)
+    predicted_static: list[tuple[float, float]] = field(default_factory=list)  # (cycle ms, emitted) before each run
+    cycle_ms: float = 0.0
+    emitted: float = 0.0
+    predicted_cycle_ms: float = 0.0
+    predicted_emitted: float = 0.0
+    cycles: int = 0
+    chain_counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    pairs: dict[tuple[str, str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 4))
+    configs: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # adaptive: cycles per (chain, window)
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return num / den if den else float("nan")
+
+
+class SchedulerReport:
+    def __init__(self, router: str, settings: ReportSettings, say: Callable[[str], None] = lambda s: None):
+        self.settings = settings
+        self.client = Client(router, timeout_s=600)
+        self.stub = router_pb2_grpc.RouterServiceStub(grpc.insecure_channel(router))
+        self.say = say
+        models = self.client.models()
+        self.target = next(m.name for m in models if m.role == "target")
+        self.models = [m.name for m in models]
+        first = self.stub.Schedule(pb.ScheduleRequest(greedy_rows=1), timeout=60)
+        self.chains = sorted({tuple(c.chain) for c in first.candidates if len(c.chain) > 1}, key=lambda c: (len(c), c))
+
+    # -- one run --------------------------------------------------------------------------------
+
+    def _schedule(self, batch: int) -> pb.ScheduleResponse:
+        greedy, sampling = (batch, 0) if self.settings.temperature == 0 else (0, batch)
+        return self.stub.Schedule(pb.ScheduleRequest(greedy_rows=greedy, sampling_rows=sampling), timeout=60)
+
+    def _generate(self, config: Config, prompts: Sequence[str], batch: int, seed: int) -> tuple[int, float, list]:
+        """All prompts, `batch` in flight at a time, in order: (tokens, seconds, results)."""
+        params = dict(max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature,
+                      chain=config.spec, window=config.window if config.chain is not None else 0)
+        index = iter(range(len(prompts)))
+        lock = threading.Lock()
+        results: list = [None] * len(prompts)
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    i = next(index, None)
+                if i is None:
+                    return
+                results[i] = self.client.generate(prompts[i], seed=seed + i, **params)
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(batch) as pool:
+            for f in [pool.submit(worker) for _ in range(batch)]:
+                f.result()
+        elapsed = time.perf_counter() - started
+        return sum(len(r.token_ids) for r in results), elapsed, results
+
+    def _run(self, config: Config, prompts: Sequence[str], batch: int, into: Measured, seed: int) -> None:
+        before = self._schedule(batch)
+        if config.chain is not None:
+            predicted = {(tuple(c.chain), c.window): c for c in before.candidates}
+            c = predicted.get((config.chain, config.window if len(config.chain) > 1 else 0))
+            if c is not None:
+                into.predicted_t_eff_ms.append(c.predicted_t_eff_ms)
+                into.predicted_static.append((c.predicted_cycle_ms, c.predicted_emitted))
+        tokens, seconds, results = self._generate(config, prompts, batch, seed)
+        after = self._schedule(batch)
+        into.tokens += tokens
+        into.seconds += seconds
+        for r in results:
+            for chain, n in r.stats.chain_counts.items():
+                into.chain_counts[chain] += n
+        self._diff_ledgers(config, before, after, into)
+
+    def _diff_ledgers(self, config: Config, before: pb.ScheduleResponse, after: pb.ScheduleResponse,
+                      into: Measured) -> None:
+        def key(ledger):
+            return tuple(ledger.chain), ledger.window, ledger.batch_size, ledger.adaptive
+
+        old = {key(ledger): ledger for ledger in before.ledgers}
+        for ledger in after.ledgers:
+            chain, window, _, adaptive = key(ledger)
+            if config.chain is None:
+                if not adaptive:
+                    continue
+            elif adaptive or chain != config.chain or window != (config.window if len(chain) > 1 else 0):
+                continue
+            prev = old.get(key(ledger))
+            into.cycles += ledger.cycles - (prev.cycles if prev else 0)
+            if config.chain is None and ledger.cycles - (prev.cycles if prev else 0):
+                label = Config(chain, window).label()
+                into.configs[label] += ledger.cycles - (prev.cycles if prev else 0)
+            for name in ("cycle_ms", "emitted", "predicted_cycle_ms", "predicted_emitted"):
+                setattr(into, name, getattr(into, name) + getattr(ledger, name) - (getattr(prev, name) if prev else 0.0))
+            prev_pairs = {(p.drafter, p.verifier, p.mode): p for p in prev.pairs} if prev else {}
+            for p in ledger.pairs:
+                q = prev_pairs.get((p.drafter, p.verifier, p.mode))
+                entry = into.pairs[(p.drafter, p.verifier, p.mode)]
+                for i, name in enumerate(("accepted", "checked", "predicted_accepted", "predicted_checked")):
+                    entry[i] += getattr(p, name) - (getattr(q, name) if q else 0.0)
+
+    # -- one workload at one batch size ---------------------------------------------------------
+
+    def configs(self) -> list[Config]:
+        statics = [Config(c, w) for c in self.chains for w in self.settings.windows]
+        return [Config((self.target,), 0), *statics, Config(None, 0)]
+
+    def workload(self, kind: str, prompts: Sequence[str], batch: int, step: Callable[[str], None]) -> dict:
+        s = self.settings
+        configs = self.configs()
+        measured = {c: Measured() for c in configs}
+        adaptive, statics = configs[-1], configs[:-1]
+        waves = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+        self._generate(adaptive, waves[0], batch, s.seed)  # warm-up: the metrics learn this workload
+        for repeat in range(s.repeats):
+            for i, wave in enumerate(waves):
+                order = list(statics)
+                random.Random(s.seed * 1_000_003 + repeat * 1009 + i).shuffle(order)
+                for config in [adaptive, *order]:
+                    self._run(config, wave, batch, measured[config], s.seed + i * batch)
+                best = max(statics, key=lambda c: measured[c].tokens / measured[c].seconds)
+                rate = lambda c: measured[c].tokens / measured[c].seconds  # noqa: E731
+                step(f"{kind} B={batch} wave {i + 1}/{len(waves)}: adaptive {rate(adaptive):.1f} tok/s, best static "
+                     f"{best.label()} {rate(best):.1f}, target-only {rate(statics[0]):.1f} (so far)")
+            for m in measured.values():
+                m.tokens_per_s.append(m.tokens / m.seconds)
+                m.tokens, m.seconds = 0, 0.0
+        return self._summarise(kind, batch, len(prompts), measured)
+
+    def _summarise(self, kind: str, batch: int, requests: int, measured: dict[Config, Measured]) -> dict:
+        def t_eff(m: Measured) -> float | None:
+            return m.cycle_ms / m.emitted if m.emitted else None
+
+        statics = []
+        for config, m in measured.items():
+            if config.chain is None:
+                continue
+            predicted = m.predicted_t_eff_ms
+            statics.append({"chain": list(config.chain), "window": config.window,
+                            "tokens_per_s": statistics.median(m.tokens_per_s),
+                            "tokens_per_s_runs": m.tokens_per_s,
+                            "predicted_t_eff_ms": statistics.fmean(predicted) if predicted else None,
+                            "measured_t_eff_ms": t_eff(m), "cycles": m.cycles,
+                            "predicted_cycle_ms": statistics.fmean(c for c, _ in m.predicted_static)
+                            if m.predicted_static else None,
+                            "predicted_emitted": statistics.fmean(e for _, e in m.predicted_static)
+                            if m.predicted_static else None,
+                            "measured_cycle_ms": m.cycle_ms / m.cycles if m.cycles else None,
+                            "measured_emitted": m.emitted / m.cycles if m.cycles else None})
+        target_only = next(x for x in statics if len(x["chain"]) == 1)
+        spec = [x for x in statics if len(x["chain"]) > 1]
+        best = max(statics, key=lambda x: x["tokens_per_s"])
+        adaptive = measured[Config(None, 0)]
+        adaptive_tps = statistics.median(adaptive.tokens_per_s)
+        ranked = [x for x in statics if x["predicted_t_eff_ms"] is not None and x["measured_t_eff_ms"] is not None]
+        acceptance = _acceptance(adaptive.pairs)
+        return {
+            "kind": kind, "batch_size": batch, "requests": requests,
+            "target_only_tokens_per_s": target_only["tokens_per_s"],
+            "adaptive_tokens_per_s": adaptive_tps,
+            "adaptive_tokens_per_s_runs": adaptive.tokens_per_s,
+            "best_static": {k: best[k] for k in ("chain", "window", "tokens_per_s")},
+            "adaptive_over_best_static": adaptive_tps / best["tokens_per_s"],
+            "adaptive_over_target_only": adaptive_tps / target_only["tokens_per_s"],
+            "adaptive_beats_every_static": adaptive_tps > max(x["tokens_per_s"] for x in statics),
+            "adaptive": {"predicted_t_eff_ms": (adaptive.predicted_cycle_ms / adaptive.predicted_emitted
+                                                if adaptive.predicted_emitted else None),
+                         "measured_t_eff_ms": t_eff(adaptive), "cycles": adaptive.cycles,
+                         "chain_counts": dict(sorted(adaptive.chain_counts.items(), key=lambda kv: -kv[1])),
+                         "cycles_per_config": dict(sorted(adaptive.configs.items(), key=lambda kv: -kv[1]))},
+            "rank_correlation": spearman([x["predicted_t_eff_ms"] for x in ranked],
+                                         [x["measured_t_eff_ms"] for x in ranked]) if len(ranked) > 2 else None,
+            "static": statics,
+            "speculative_static": len(spec),
+            "acceptance": acceptance,
+        }
+
+    # -- everything -----------------------------------------------------------------------------
+
+    def run(self, prompts: Sequence[Prompt]) -> dict:
+        s = self.settings
+        kinds: dict[str, list[str]] = {}
+        for p in prompts:
+            kinds.setdefault(p.kind, []).append(p.prompt)
+        plans = []
+        for kind, texts in kinds.items():
+            for batch in s.batch_sizes:
+                plans.append((kind, _take(texts, _requests(s.requests, batch)), batch))
+        if s.switching and all(k in kinds for k in s.switching):
+            a, b = s.switching
+            for batch in s.switching_batch_sizes:
+                n = _requests(s.requests, batch)
+                plans.append((f"switching:{a}>{b}", _take(kinds[a], n) + _take(kinds[b], n), batch))
+        total = sum(s.repeats * -(-len(texts) // batch) for _, texts, batch in plans)
+        done = [0]
+        started = time.perf_counter()
+
+        def step(line: str) -> None:
+            done[0] += 1
+            left = (time.perf_counter() - started) / done[0] * (total - done[0])
+            self.say(f"[{done[0]}/{total}, {left / 60:.1f} min left] {line}")
+
+        runs = [self.workload(kind, texts, batch, step) for kind, texts, batch in plans]
+        final = self._schedule(1)
+        pairs: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0] * 4)
+        for run in runs:
+            for a in run["acceptance"]:
+                entry = pairs[(a["pair"][0], a["pair"][1], a["mode"])]
+                for i, name in enumerate(("accepted", "checked", "predicted_accepted", "predicted_checked")):
+                    entry[i] += a[name]
+        correlations = [r["rank_correlation"] for r in runs if r["rank_correlation"] is not None]
+        return {
+            "runs": runs,
+            "acceptance": _acceptance(pairs),
+            "rank_correlation": {"mean": statistics.fmean(correlations) if correlations else None,
+                                 "min": min(correlations) if correlations else None},
+            "decision": {"decision_us": final.decision_us, "cycle_ms": final.cycle_ms,
+                         "share_of_cycle": final.decision_us / 1e3 / final.cycle_ms if final.cycle_ms else None,
+                         "decisions": final.decisions, "explorations": final.explorations,
+                         "switches": final.switches},
+            "calibration": [{"mode": c.mode, "intercept": c.intercept, "slope": c.slope, "pairs": c.pairs}
+                            for c in final.calibration],
+            "settings": {"batch_sizes": list(s.batch_sizes), "windows": list(s.windows),
+                         "max_new_tokens": s.max_new_tokens, "repeats": s.repeats, "temperature": s.temperature,
+                         "models": self.models, "target": self.target},
+            "checks": _checks(runs, _acceptance(pairs)),
+        }
+
+
+def _requests(requests: int, batch: int) -> int:
+    """At least `requests`, in whole waves of `batch`."""
+    return -(-max(requests, batch) // batch) * batch
+
+
+def _take(texts: Sequence[str], n: int) -> list[str]:
+    return [texts[i % len(texts)] for i in range(n)]
+
+
+def _acceptance(pairs: dict[tuple[str, str, str], list[float]]) -> list[dict]:
+    out = []
+    for (d, v, mode), (acc, checked, p_acc, p_checked) in sorted(pairs.items()):
+        if checked <= 0:
+            continue
+        out.append({"pair": [d, v], "mode": mode, "realized": acc / checked,
+                    "predicted": p_acc / p_checked if p_checked > 0 else None,
+                    "accepted": acc, "checked": checked, "predicted_accepted": p_acc, "predicted_checked": p_checked,
+                    "in_use": checked >= ACCEPTANCE_MIN_CHECKS})
+    return out
+
+
+def _checks(runs: list[dict], acceptance: list[dict]) -> dict:
+    plain = [r for r in runs if not r["kind"].startswith("switching")]
+    switching = [r for r in runs if r["kind"].startswith("switching")]
+    in_use = [a for a in acceptance if a["in_use"] and a["predicted"] is not None]
+    return {
+        "adaptive_within_5pct_of_best_static": all(r["adaptive_over_best_static"] >= 0.95 for r in plain),
+        "adaptive_at_most_3pct_slower_than_target_only": all(r["adaptive_over_target_only"] >= 0.97 for r in plain),
+        "switching_adaptive_beats_every_static": bool(switching) and all(r["adaptive_beats_every_static"]
+                                                                         for r in switching),
+        "acceptance_within_0.05": all(abs(a["predicted"] - a["realized"]) <= 0.05 for a in in_use),
+    }
+
+
+def format_report(report: dict) -> str:
+    """The report as text: one block per run, then acceptance, rank correlation and the checks."""
+    lines = []
+    for r in report["runs"]:
+        best = r["best_static"]
+        lines.append(f"{r['kind']}  batch {r['batch_size']}  ({r['requests']} requests)")
+        lines.append(f"  target-only {r['target_only_tokens_per_s']:8.1f} tok/s")
+        lines.append(f"  best static {best['tokens_per_s']:8.1f} tok/s  {','.join(best['chain'])} W{best['window']}")
+        a = r["adaptive"]
+        lines.append(f"  adaptive    {r['adaptive_tokens_per_s']:8.1f} tok/s  = {r['adaptive_over_best_static']:.3f} x best"
+                     f" static, {r['adaptive_over_target_only']:.3f} x target-only;"
+                     f" T_eff predicted {_ms(a['predicted_t_eff_ms'])} measured {_ms(a['measured_t_eff_ms'])}")
+        lines.append(f"  adaptive chose {a['cycles_per_config']}")
+        rho = r["rank_correlation"]
+        lines.append(f"  rank correlation (predicted vs measured T_eff, {len(r['static'])} static): "
+                     f"{'n/a' if rho is None else f'{rho:.3f}'}")
+        top = sorted(r["static"], key=lambda x: -x["tokens_per_s"])[:5]
+        for x in top:
+            lines.append(f"    {','.join(x['chain']):<36} W{x['window']}  {x['tokens_per_s']:8.1f} tok/s  "
+                         f"T_eff predicted {_ms(x['predicted_t_eff_ms'])} measured {_ms(x['measured_t_eff_ms'])}")
+    lines.append("acceptance (adaptive cycles): pair, mode, predicted, realized, checks")
+    for a in report["acceptance"]:
+        pred = "n/a" if a["predicted"] is None else f"{a['predicted']:.3f}"
+        lines.append(f"  {a['pair'][0]} -> {a['pair'][1]:<14} {a['mode']:<8} {pred}  {a['realized']:.3f}  "
+                     f"{a['checked']:.0f}{'' if a['in_use'] else ' (not in use)'}")
+    d = report["decision"]
+    lines.append(f"decision {d['decision_us']:.1f} us per cycle of {d['cycle_ms']:.2f} ms "
+                 f"({100 * (d['share_of_cycle'] or 0):.2f}%); {d['explorations']} explorations and "
+                 f"{d['switches']} switches in {d['decisions']} decisions")
+    rc = report["rank_correlation"]
+    if rc["mean"] is not None:
+        lines.append(f"rank correlation: mean {rc['mean']:.3f}, min {rc['min']:.3f}")
+    for name, ok in report["checks"].items():
+        lines.append(f"{'PASS' if ok else 'FAIL'}  {name}")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} ms"
+
+
+def log_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,36 @@
+"""The report's arithmetic: rank correlation, waves, the pass/fail checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specrouter.report.scheduler_report import _checks, _requests, spearman
+
+
+def test_spearman_rank_correlation() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [9, 7, 5, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(math.sqrt(3) / 2)   # ties take the average rank
+    assert math.isnan(spearman([1, 1], [1, 2]))
+
+
+def test_requests_come_in_whole_waves() -> None:
+    assert [_requests(8, b) for b in (1, 3, 4, 16)] == [8, 9, 8, 16]
+
+
+def _run(kind: str, over_best: float, over_target: float, beats: bool) -> dict:
+    return {"kind": kind, "adaptive_over_best_static": over_best, "adaptive_over_target_only": over_target,
+            "adaptive_beats_every_static": beats}
+
+
+def test_checks_apply_the_stated_thresholds() -> None:
+    runs = [_run("code", 0.951, 1.5, False), _run("prose", 1.01, 0.971, True), _run("switching:a>b", 1.02, 1.4, True)]
+    acceptance = [{"in_use": True, "predicted": 0.80, "realized": 0.849},
+                  {"in_use": False, "predicted": 0.9, "realized": 0.5}]   # not in use: not judged
+    assert all(_checks(runs, acceptance).values())
+    worse = _checks([_run("code", 0.949, 0.969, False), _run("switching:a>b", 1.2, 2.0, False)],
+                    [{"in_use": True, "predicted": 0.80, "realized": 0.851}])
+    assert not any(worse.values())
