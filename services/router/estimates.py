@@ -7,7 +7,9 @@ counts are effective ones: an EMA remembers about (2 - alpha) / alpha reports, s
 its checks per report times that, never more than its checks, and times the fraction of the pair's
 reports that reached it (a deep position's EMA reaches further back in time: under a changing workload it
 is stale). Deep positions are checked rarely; this keeps an easy stretch long gone from making a long
-window look good. Positions never measured take the pooled rate.
+window look good. Positions deeper than any measured take the deepest one's estimate (greedy acceptance
+tends to rise with depth, so the pooled rate, dominated by position 0, would keep windows from growing);
+a pair never measured takes its prior at every position.
 
 The prior of a pair comes from its similarity (1 - E[TV] between the two models' rows) through a
 calibration, a least-squares line from similarity to realized acceptance fitted over the pairs already
@@ -128,10 +130,12 @@ class AcceptanceEstimates:
         w = self.prior_weight
         total = sum(m.checks for m in measured.values())
         pooled = (sum(m.rate * m.checks for m in measured.values()) + w * prior) / (total + w)
-        out = []
+        out, last = [], pooled
         for i in range(positions):
             m = measured.get(i)
-            out.append(pooled if m is None else (m.checks * m.rate + w * pooled) / (m.checks + w))
+            if m is not None:
+                last = (m.checks * m.rate + w * pooled) / (m.checks + w)
+            out.append(last)
         self._rates[pair] = out
         return out
 
