@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 IDLE_WAIT_S = 0.05
 
-ChooseChain = Callable[[ChainBatch], tuple[tuple[str, ...], int]]
+ChooseChain = Callable[[ChainBatch, tuple[str, ...] | None, int], tuple[tuple[str, ...], int]]
 # after each cycle: (batch, report, rows, wall time of the whole cycle in ns, whether the router chose it)
 CycleDone = Callable[[ChainBatch, CycleReport, list[Row], int, bool], None]
 
@@ -169,9 +169,8 @@ class Batcher:
         started = time.perf_counter_ns()
         chain, window = key
         auto = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
-        if auto:
-            auto_chain, auto_window = self.choose_auto(batch)
-            chain, window = chain or auto_chain, window or auto_window
+        if auto:   # the scheduler's choice, within the chain or the window the requests named
+            chain, window = self.choose_auto(batch, chain, window)
         rows = [r for r in batch.rows.values() if r.finish_reason is None]
         attributes = {"specrouter.chain": ",".join(chain), "specrouter.window": window,
                       "specrouter.batch_size": len(rows)}

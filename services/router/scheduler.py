@@ -2,9 +2,11 @@
 
 Candidates are every chain of the pool that ends at the target (the target alone included) with every
 window of `windows`. Their predictions (cost_model.predict) form a plan per batch composition (rows per
-decoding mode, bucketed: exact up to 4, then powers of two). A background planner thread refreshes the
-plans in use every `recompute_s` from the profiler's latest snapshot, so a decision on the cycle's path
-is a dictionary lookup; only a composition never seen before is planned inline. On top of the ranking:
+decoding mode, bucketed as the profiler buckets batch sizes: exact up to 16, then powers of two). A
+background planner thread refreshes the plans in use every `recompute_s` from the profiler's latest
+snapshot, so a decision on the cycle's path is a dictionary lookup; only a composition never seen before
+is planned inline. Requests that name their chain but not their window get the chain's best window;
+those that name the window, the best chain at it. On top of the ranking:
 
 - exploration: a pair of models that has not been measured for `explore_after_s` (or never) gets one
   cycle of the best chain that contains it, at its best window plus `explore_extra_window` (so deeper
@@ -18,7 +20,9 @@ cycle's wall times, as EMAs with `overhead_alpha`, and added to every prediction
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import math
 import threading
 import time
@@ -34,6 +38,8 @@ from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, predict
 from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, latency_table
 from specrouter.v1 import profiler_pb2 as ppb
+
+log = logging.getLogger(__name__)
 
 
 class SchedulerSettings(BaseModel):
@@ -59,6 +65,20 @@ def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> lis
     for n in range(0, min(len(others), max_levels - 1) + 1):
         chains += [(*p, target) for p in itertools.permutations(others, n)]
     return chains
+
+
+def call_overhead(known: Mapping[tuple[str, int], float], model: str, forwards: int) -> float:
+    """The measured overhead of a call to `model` with `forwards` passes: the EMA when there is one, else the
+    line through the fewest and the most passes measured (never below 0), 0 when none is measured."""
+    if (model, forwards) in known:
+        return known[(model, forwards)]
+    same = sorted((f, y) for (m, f), y in known.items() if m == model)
+    if not same:
+        return 0.0
+    if len(same) == 1:
+        return same[0][1]
+    (f0, y0), (f1, y1) = same[0], same[-1]
+    return max(0.0, y0 + (y1 - y0) * (forwards - f0) / (f1 - f0))
 
 
 def chain_pairs(chain: Sequence[str]) -> list[tuple[str, str]]:
@@ -95,7 +115,7 @@ class Plan:
 class Decision:
     chain: tuple[str, ...]
     window: int
-    prediction: Prediction
+    prediction: Prediction | None     # None: a named chain the scheduler does not plan
     explored: bool = False
 
 
@@ -136,13 +156,14 @@ class Scheduler:
         self._plans: dict[tuple[int, int], Plan] = {}
         self._batches: weakref.WeakKeyDictionary[ChainBatch, _BatchState] = weakref.WeakKeyDictionary()
         self._version = 0
+        self._inputs: tuple[int, AcceptanceEstimates, LatencyTable] | None = None   # of snapshot version
         self._last_snapshot_id = None
         self._pair_seen_at: dict[Pair, float] = {}
         self._pair_checks: dict[Pair, int] = {}
         alpha = self.settings.overhead_alpha
         self._call_overhead: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(alpha))
         self._cycle_overhead: dict[int, _Ema] = defaultdict(lambda: _Ema(alpha))
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()   # plans made inline (under the lock) read the overheads too
         self.decision_ns = _Ema(0.01)
         self.cycle_ns = _Ema(0.01)
         self.counts = {"decisions": 0, "explorations": 0, "switches": 0, "plans": 0}
@@ -158,22 +179,16 @@ class Scheduler:
 
     def overhead(self, model: str, forwards: int) -> float:
         """Router-side cost of one call to `model` beyond its forward passes (round trip, sampling, ...)."""
-        known = self._call_overhead.get((model, forwards))
-        if known is not None and known.weight > 0:
-            return known.get()
-        same = sorted((f, e.get()) for (m, f), e in self._call_overhead.items() if m == model and e.weight > 0)
-        if not same:
-            return 0.0
-        if len(same) == 1:
-            return same[0][1]
-        (f0, y0), (f1, y1) = same[0], same[-1]   # linear in the number of passes
-        return max(0.0, y0 + (y1 - y0) * (forwards - f0) / (f1 - f0))
+        with self.lock:
+            known = {key: e.get() for key, e in self._call_overhead.items() if e.weight > 0}
+        return call_overhead(known, model, forwards)
 
     def cycle_overhead(self, batch_size: int) -> float:
-        known = self._cycle_overhead.get(batch_size)
-        if known is not None and known.weight > 0:
-            return known.get()
-        near = [(abs(b - batch_size), e.get()) for b, e in self._cycle_overhead.items() if e.weight > 0]
+        with self.lock:
+            known = self._cycle_overhead.get(batch_size)
+            if known is not None and known.weight > 0:
+                return known.get()
+            near = [(abs(b - batch_size), e.get()) for b, e in self._cycle_overhead.items() if e.weight > 0]
         return min(near)[1] if near else 0.0
 
     # -- plans --------------------------------------------------------------------------------------
@@ -188,16 +203,22 @@ class Scheduler:
 
     def _plan_loop(self) -> None:
         while not self._stop.wait(self.settings.recompute_s):
-            now = self._clock()
-            for key, used_at in list(self._wanted.items()):
-                if now - used_at > 10 * self.settings.recompute_s + 5:
-                    self._wanted.pop(key, None)
-                    continue
-                plan = self._plans.get(key)
-                if plan is None or self._stale(plan):
-                    fresh = self._make_plan(*key)
-                    with self.lock:
-                        self._plans[key] = fresh
+            try:
+                self._refresh_plans()
+            except Exception:   # noqa: BLE001 - a bad snapshot must not stop planning for good
+                log.exception("the scheduler's planner failed; it tries again in %.2f s", self.settings.recompute_s)
+
+    def _refresh_plans(self) -> None:
+        now = self._clock()
+        for key, used_at in list(self._wanted.items()):
+            if now - used_at > 10 * self.settings.recompute_s + 5:
+                self._wanted.pop(key, None)
+                continue
+            plan = self._plans.get(key)
+            if plan is None or self._stale(plan):
+                fresh = self._make_plan(*key)
+                with self.lock:
+                    self._plans[key] = fresh
 
     def _refresh_snapshot(self) -> ppb.SnapshotResponse | None:
         snapshot = self._snapshot()
@@ -213,10 +234,10 @@ class Scheduler:
 
     @staticmethod
     def composition(greedy_rows: int, sampling_rows: int) -> tuple[int, int]:
-        """Batch compositions planned alike: row counts exact up to 4, then rounded up to a power of two."""
-        def b(n: int) -> int:
-            return n if n <= 4 else 1 << (n - 1).bit_length()
-        return b(greedy_rows), b(sampling_rows)
+        """Batch compositions planned alike: the profiler's buckets (exact up to 16, then powers of two)."""
+        from specrouter.profiler.metrics import bucket
+
+        return (bucket(greedy_rows) if greedy_rows else 0), (bucket(sampling_rows) if sampling_rows else 0)
 
     def plan(self, greedy_rows: int, sampling_rows: int) -> Plan:
         """The ranking for a batch composition: the standing plan, made now if there is none (or it is stale
@@ -224,7 +245,8 @@ class Scheduler:
         key = self.composition(greedy_rows, sampling_rows)
         self._wanted[key] = self._clock()
         plan = self._plans.get(key)
-        if plan is None or (self._planner is None and self._stale(plan)):
+        planner_running = self._planner is not None and self._planner.is_alive()
+        if plan is None or (not planner_running and self._stale(plan)):
             plan = self._plans[key] = self._make_plan(*key)
         return plan
 
@@ -234,10 +256,17 @@ class Scheduler:
         snapshot = self._refresh_snapshot()
         version = self._version
         s = self.settings
-        estimates = AcceptanceEstimates(snapshot, self._offline, s.prior_weight, s.default_acceptance)
-        latency = latency_table(snapshot, self._warmup)
+        inputs = self._inputs
+        if inputs is None or inputs[0] != version:   # one snapshot's estimates serve every composition
+            inputs = self._inputs = (version, AcceptanceEstimates(snapshot, self._offline, s.prior_weight,
+                                                                  s.default_acceptance),
+                                     latency_table(snapshot, self._warmup))
+        _, estimates, latency = inputs
         batch = greedy_rows + sampling_rows
         cycle_overhead = self.cycle_overhead(batch)
+        with self.lock:   # a copy: cycles add to the EMAs while this plan is made
+            known = {key: e.get() for key, e in self._call_overhead.items() if e.weight > 0}
+        overhead = functools.partial(call_overhead, known)
         predictions = []
         for chain in self.chains:
             if not all(m in latency.models() for m in chain):
@@ -249,7 +278,7 @@ class Scheduler:
             groups = [RowGroup(n, groups_rates[mode]) for mode, n in ((GREEDY, greedy_rows), (SAMPLING, sampling_rows))
                       if n]
             for w in windows:
-                predictions.append(predict(chain, w, groups, latency, self.overhead, cycle_overhead))
+                predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead))
         predictions.sort(key=lambda p: p.t_eff_ns)
         self.counts["plans"] += 1
         self.planning_ns += time.perf_counter_ns() - started
@@ -267,10 +296,14 @@ class Scheduler:
 
     # -- decisions ----------------------------------------------------------------------------------
 
-    def choose(self, batch: ChainBatch) -> tuple[tuple[str, ...], int]:
+    def choose(self, batch: ChainBatch, chain: Sequence[str] | None = None, window: int = 0,
+               ) -> tuple[tuple[str, ...], int]:
+        """The (chain, window) of the batch's next cycle. A `chain` or a `window` the requests named narrows
+        the choice to the candidates that have it (no exploration then)."""
         started = time.perf_counter_ns()
         with self.lock:
-            decision = self._choose(batch)
+            state = self._batches.setdefault(batch, _BatchState())
+            state.last = decision = self._decide(batch, state, tuple(chain) if chain else None, window)
         self.decision_ns.add(time.perf_counter_ns() - started)
         return decision.chain, decision.window
 
@@ -279,24 +312,26 @@ class Scheduler:
         state = self._batches.get(batch)
         return state.last if state else None
 
-    def _choose(self, batch: ChainBatch) -> Decision:
-        state = self._batches.setdefault(batch, _BatchState())
-        state.last = decision = self._decide(batch, state)
-        return decision
-
-    def _decide(self, batch: ChainBatch, state: _BatchState) -> Decision:
+    def _decide(self, batch: ChainBatch, state: _BatchState, chain: tuple[str, ...] | None, window: int) -> Decision:
+        s = self.settings
         rows = [r for r in batch.rows.values() if r.finish_reason is None]
         greedy = sum(1 for r in rows if r.sampling.greedy)
         plan = self.plan(greedy, len(rows) - greedy)
         state.cycles += 1
         self._cycles += 1
         self.counts["decisions"] += 1
-        explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy)
-        if explore is not None:
-            self._last_explore_cycle = self._cycles
-            self.counts["explorations"] += 1
-            return explore
-        best = plan.predictions[0]
+        if chain is not None or window:   # the requests named the chain or the window: the rest is ours
+            best = next((p for p in plan.predictions if (chain is None or p.chain == chain)
+                         and (not window or p.window == window or len(p.chain) == 1)), None)
+            if best is None:     # a chain longer than `max_levels` or a window beyond `windows`: unplanned
+                return Decision(chain or plan.predictions[0].chain, window or s.windows[len(s.windows) // 2], None)
+        else:
+            explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy)
+            if explore is not None:
+                self._last_explore_cycle = self._cycles
+                self.counts["explorations"] += 1
+                return explore
+            best = plan.predictions[0]
         current = state.current
         if current is not None and not current.explored:
             kept = plan.by_key.get((current.chain, current.window))
@@ -363,6 +398,8 @@ class Scheduler:
             ledger.cycles += 1
             ledger.cycle_ns += cycle_ns
             ledger.emitted += sum(len(report.emitted[r.row_id]) for r in rows) / batch
+            if decision is not None and decision.prediction is None:
+                decision = None
             if decision is not None:
                 ledger.predicted_cycle_ns += decision.prediction.cost_ns
                 ledger.predicted_emitted += decision.prediction.emitted

@@ -81,10 +81,11 @@ class Router:
         self.batcher = Batcher(workers, self.target, self.context_length, self.tokenizer.eos_token_id,
                                self.choose_auto, self.stop_check, self.reporter.observe, self.cycle_done)
 
-    def choose_auto(self, batch: ChainBatch) -> tuple[tuple[str, ...], int]:
+    def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
+                    window: int = 0) -> tuple[tuple[str, ...], int]:
         if not self.settings.adaptive:
-            return self.default_chain, self.settings.default_window
-        return self.scheduler.choose(batch)
+            return chain or self.default_chain, window or self.settings.default_window
+        return self.scheduler.choose(batch, chain, window)
 
     def cycle_done(self, batch: ChainBatch, report: CycleReport, rows: list[Row], cycle_ns: int, auto: bool) -> None:
         decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from specrouter.pool.similarity import PairSimilarity
@@ -139,7 +141,7 @@ def test_prior_of_an_unobserved_pair_comes_from_calibrated_similarity() -> None:
     few = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=16, depth=1, samples=1), (), prior_weight=16,
                               default_acceptance=0.5)
     pooled = (16 * 0.2 + 16 * 0.5) / 32
-    assert few.rates(("a", "t", "greedy"), 2) == pytest.approx([(16 * 0.2 + 16 * pooled) / 32, pooled])
+    assert few.rates(("a", "t", "greedy"), 2) == pytest.approx([(16 * 0.2 + 16 * pooled) / 32] * 2)
     # many reports of one check each: the EMA remembers about 19 of them, not all 10,000
     many = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=10_000, depth=1, samples=10_000), (),
                                prior_weight=16, default_acceptance=0.5)
@@ -149,6 +151,12 @@ def test_prior_of_an_unobserved_pair_comes_from_calibrated_similarity() -> None:
 def test_deeper_positions_take_the_deepest_measured_rate() -> None:
     est = AcceptanceEstimates(snapshot({("a", "t"): 0.9}, depth=2), prior_weight=0)
     assert est.rates(("a", "t", "greedy"), 5) == pytest.approx([0.9] * 5)
+    # acceptance rising with depth: unmeasured positions follow the deepest, not the pooled rate
+    rising = snapshot({("a", "t"): 0.6}, depth=1)
+    rising.acceptance.add(drafter="a", verifier="t", mode=GREEDY, position=1, ema_acceptance_rate=0.9,
+                          accepted_total=9000, proposed_total=10_000, samples=100)
+    est = AcceptanceEstimates(rising, prior_weight=0)
+    assert est.rates(("a", "t", "greedy"), 4) == pytest.approx([0.6, 0.9, 0.9, 0.9])
 
 
 def test_decisions_are_cheap_once_planned() -> None:
@@ -160,3 +168,64 @@ def test_decisions_are_cheap_once_planned() -> None:
         sched.choose(batch)
     assert sched.counts["plans"] == plans          # no re-planning on the decision path
     assert sched.decision_ns.get() < 1e6           # well under a millisecond per decision
+
+
+def test_a_named_chain_gets_its_own_best_window() -> None:
+    sched, _ = make({("a", "t"): 0.95, ("b", "t"): 0.3, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_every_cycles=1,
+                    explore_after_s=0.0)
+    plan = sched.plan(1, 0)
+    assert plan.predictions[0].chain == ("a", "t")
+    best_b = min((p for p in plan.predictions if p.chain == ("b", "t")), key=lambda p: p.t_eff_ns)
+    batch = FakeBatch(1)
+    # never another chain, never an exploration, whatever the exploration settings
+    assert [sched.choose(batch, ("b", "t")) for _ in range(5)] == [(("b", "t"), best_b.window)] * 5
+    assert best_b.window < plan.predictions[0].window   # poor acceptance: a shorter window than (a, t)'s
+    assert sched.counts["explorations"] == 0
+    # a named window: the best chain at that window (or the target alone, which has none)
+    at_2 = min((p for p in plan.predictions if p.window == 2 or p.chain == ("t",)), key=lambda p: p.t_eff_ns)
+    assert sched.choose(FakeBatch(1), None, 2) == (at_2.chain, at_2.window) == (("a", "t"), 2)
+    # a chain longer than the scheduler plans (max_levels 2 here) still runs, at the middle window
+    short, _ = make({("a", "t"): 0.9}, max_levels=2, windows=[1, 2, 3, 4, 5])
+    assert short.choose(FakeBatch(1), ("a", "b", "t")) == (("a", "b", "t"), 3)
+
+
+def test_plans_are_refreshed_inline_when_the_planner_has_stopped() -> None:
+    clock = Clock()
+    sched, holder = make({("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}, clock,
+                         explore_after_s=1e9, recompute_s=0.01)
+    sched.start()
+    assert sched.choose(FakeBatch(1))[0] == ("a", "t")
+    sched.close()
+    sched._planner.join(timeout=5)
+    assert not sched._planner.is_alive()
+    holder["snapshot"] = snapshot({pair: 0.02 for pair in [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]})
+    clock.now += 1
+    assert sched.choose(FakeBatch(1)) == (("t",), 0)
+
+
+def test_the_planner_survives_a_failing_snapshot() -> None:
+    clock = Clock()
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    good, bad = snapshot({pair: 0.9 for pair in pairs}), snapshot({pair: 0.02 for pair in pairs})
+    calls = {"n": 0}
+
+    def flaky() -> ppb.SnapshotResponse:
+        calls["n"] += 1
+        if calls["n"] in (2, 3):
+            raise RuntimeError("profiler unreachable")
+        return good if calls["n"] < 4 else ppb.SnapshotResponse.FromString(bad.SerializeToString())
+
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, recompute_s=0.01), flaky,
+                      clock=clock)
+    sched.choose(FakeBatch(1))   # planned inline, with the first snapshot
+    sched.start()
+    try:
+        for _ in range(500):     # the planner fails twice, then picks up the new snapshot
+            clock.now += 1
+            if sched.plan(1, 0).predictions[0].chain == ("t",):
+                break
+            time.sleep(0.01)
+        assert sched.plan(1, 0).predictions[0].chain == ("t",) and calls["n"] >= 4
+        assert sched._planner.is_alive()
+    finally:
+        sched.close()

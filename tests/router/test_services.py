@@ -141,12 +141,26 @@ def test_every_static_chain_through_the_router_is_exact(client, local, prompts) 
     assert not any(wait_no_states(client).values())
 
 
+def test_a_named_chain_without_a_window_gets_the_schedulers_window(client, local, prompts) -> None:
+    ids = [local.encode(p) for p in prompts[:2]]
+    expected = [r.generated for r in local.generate_ids(ids, (local.target,), 1, [SamplingParams()] * len(ids),
+                                                        NEW_TOKENS)]
+    small, mid = local.by_size()[:2]
+    chain = f"{mid},{small},{local.target}"     # never the scheduler's own choice on the demo pool
+    with futures.ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda p: client.generate(p, max_new_tokens=NEW_TOKENS, chain=chain, window=0), prompts[:2]))
+    assert [g.token_ids for g in got] == expected
+    assert all(set(g.stats.chain_counts) == {chain} for g in got)
+
+
 def test_continuous_batching_keeps_each_requests_output(client, prompts) -> None:
     """Requests of different lengths and parameters, arriving while others run, give what each gives alone."""
     specs = [dict(max_new_tokens=40), dict(max_new_tokens=8, temperature=0.9, seed=3),
              dict(max_new_tokens=30, temperature=1.1, top_k=20, seed=4), dict(max_new_tokens=16, repetition_penalty=1.3),
              dict(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=5), dict(max_new_tokens=12)]
-    chain = dict(chain="auto", window=4)
+    # a named chain: sampled tokens are a function of (seed, cycle, level), so a seed reproduces them for a
+    # given chain and window, and "auto" (whose choices vary with load) reproduces only greedy outputs
+    chain = dict(chain="stdlib-1m,stdlib-29m", window=4)
     alone = [client.generate(p, **s, **chain).token_ids for p, s in zip(prompts, specs)]
 
     def late(i):
@@ -192,12 +206,13 @@ def test_stop_strings_end_the_output(client, local, long_prompt) -> None:
 
 
 def test_async_client_and_streaming_agree_with_the_blocking_client(cluster, client, prompts) -> None:
-    expected = client.generate(prompts[3], max_new_tokens=20, temperature=0.8, seed=9)
+    params = dict(max_new_tokens=20, temperature=0.8, seed=9, chain="stdlib-1m,stdlib-29m", window=3)
+    expected = client.generate(prompts[3], **params)
 
     async def run():
         async with AsyncClient(cluster[1]) as aclient:
-            result = await aclient.generate(prompts[3], max_new_tokens=20, temperature=0.8, seed=9)
-            chunks = [c async for c in aclient.generate_stream(prompts[3], max_new_tokens=20, temperature=0.8, seed=9)]
+            result = await aclient.generate(prompts[3], **params)
+            chunks = [c async for c in aclient.generate_stream(prompts[3], **params)]
         return result, chunks
 
     result, chunks = asyncio.run(run())
