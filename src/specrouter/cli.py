@@ -230,7 +230,7 @@ def scheduler_report(
     max_new_tokens: int = typer.Option(48, help="Tokens per request."),
     repeats: int = typer.Option(1, help="Measured passes over every configuration (median reported)."),
     per_kind: int = typer.Option(16, help="Built-in prompts per workload kind."),
-    requests: int = typer.Option(8, help="Requests per workload and batch size (whole waves of the batch size)."),
+    requests: int = typer.Option(8, help="Requests per workload and batch size (whole waves of the batch size, two at least)."),
     temperature: float = typer.Option(0.0, help="0: greedy; > 0: sampling."),
     switching: str = typer.Option("prose>repetitive", help="A>B: a run of kind A then B ('' for none)."),
     switching_batch_sizes: str = typer.Option("1", help="Batch sizes of the switching run."),

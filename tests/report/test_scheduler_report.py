@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specrouter.report.scheduler_report import _checks, _requests, spearman
+from specrouter.report.scheduler_report import _checks, _requests, held_out_best, spearman
 
 
 def test_spearman_rank_correlation() -> None:
@@ -18,12 +18,22 @@ def test_spearman_rank_correlation() -> None:
 
 
 def test_requests_come_in_whole_waves() -> None:
-    assert [_requests(8, b) for b in (1, 3, 4, 16)] == [8, 9, 8, 16]
+    assert [_requests(8, b) for b in (1, 3, 4, 16)] == [8, 9, 8, 32]
+
+
+def test_held_out_best_static_is_picked_without_the_wave_it_is_measured_on() -> None:
+    steady, better = [(10, 1.0)] * 4, [(12, 1.0)] * 4
+    assert held_out_best([steady, better]) == pytest.approx(12.0)
+    # one lucky wave makes `lucky` the plain best (64 tokens in 4 s); picked on the other waves it is
+    # chosen for waves 2-4 only, where it makes 8 a wave, and `steady` is chosen for wave 1
+    lucky = [(40, 1.0), (8, 1.0), (8, 1.0), (8, 1.0)]
+    assert held_out_best([steady, lucky]) == pytest.approx((10 + 8 + 8 + 8) / 4)
+    assert held_out_best([[(10, 1.0)], [(12, 1.0)]]) is None   # one wave: nothing to hold out
 
 
 def _run(kind: str, over_best: float, over_target: float, beats: bool) -> dict:
-    return {"kind": kind, "adaptive_over_best_static": over_best, "adaptive_over_target_only": over_target,
-            "adaptive_beats_every_static": beats}
+    return {"kind": kind, "adaptive_over_best_static": over_best, "adaptive_over_held_out_best_static": over_best,
+            "adaptive_over_target_only": over_target, "adaptive_beats_every_static": beats}
 
 
 def test_checks_apply_the_stated_thresholds() -> None:
