@@ -144,27 +144,35 @@ def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], laten
     return Prediction(chain, window, batch, sum(level_ns) + cycle_overhead_ns, emitted, level_ns, tuple(checks))
 
 
+LINE_WEIGHT = 8.0   # passes the line counts for against a measured point's own value (EMAs are noisy)
+
+
 class LatencyTable:
-    """t_model(B, k) from measured points: per batch size, a weighted least-squares line in k.
+    """t_model(B, k) from measured points: per batch size, a weighted least-squares line in k >= 2, and
+    the measured point where there is one, shrunk towards the line by LINE_WEIGHT passes.
 
     Points are (batch bucket, tokens bucket) -> (ns, weight) per model; the weight is how many passes the
-    point averages (capped by the caller). A line per batch size pools every window's measurements, so a
-    window that has not run lately is not judged on one stale point; with a single point the cost is
-    flat in k. A batch size without points is interpolated between the nearest measured ones
-    (extrapolated along the last segment, never below the nearest).
+    point averages (capped by the caller). The line pools every window's measurements, so a window that
+    has not run lately is not judged on one stale point (a warm-up point, one pass, counts a ninth), and
+    the noise of one point's EMA is damped. A single-token pass is its own regime (a decode step: on a
+    CPU it costs two thirds of a two-token pass, far below the line through longer ones), so k = 1 takes
+    its measured point as it is and stays out of the line (unless it is the only point). With a single
+    point the line is flat in k. A batch size without points is interpolated between the nearest measured
+    ones (extrapolated along the last segment, never below the nearest).
     """
 
     def __init__(self, points: Mapping[str, Mapping[tuple[int, int], tuple[float, float]]]):
-        self._lines: dict[str, dict[int, tuple[float, float]]] = {}
+        self._by_batch: dict[str, dict[int, tuple[tuple[float, float], dict[int, tuple[float, float]]]]] = {}
         for model, pts in points.items():
-            rows: dict[int, list[tuple[int, float, float]]] = {}
+            rows: dict[int, dict[int, tuple[float, float]]] = {}
             for (b, k), (ns, w) in pts.items():
-                rows.setdefault(b, []).append((k, ns, w))
-            self._lines[model] = {b: _fit_line(v) for b, v in rows.items()}
+                rows.setdefault(b, {})[k] = (ns, w)
+            self._by_batch[model] = {b: (_fit_line([(k, ns, w) for k, (ns, w) in r.items() if k > 1 or len(r) == 1]), r)
+                                     for b, r in rows.items()}
         self._cache: dict[tuple[str, int, int], float] = {}
 
     def models(self) -> set[str]:
-        return set(self._lines)
+        return set(self._by_batch)
 
     def __call__(self, model: str, batch_size: int, tokens: int) -> float:
         key = (model, batch_size, tokens)
@@ -176,15 +184,24 @@ class LatencyTable:
     def _lookup(self, model: str, batch_size: int, tokens: int) -> float:
         from specrouter.profiler.metrics import bucket
 
-        lines = self._lines.get(model)
-        if not lines:
+        by_batch = self._by_batch.get(model)
+        if not by_batch:
             raise KeyError(f"no latency measured for model {model!r}")
         b, k = bucket(batch_size), bucket(tokens)
-        if b in lines:
-            a, slope = lines[b]
-            return max(a + slope * k, 0.0)
-        sizes = sorted(lines)
-        return _interpolate(sizes, [max(lines[s][0] + lines[s][1] * k, 0.0) for s in sizes], b)
+        if b in by_batch:
+            return _at(*by_batch[b], k)
+        sizes = sorted(by_batch)
+        return _interpolate(sizes, [_at(*by_batch[s], k) for s in sizes], b)
+
+
+def _at(line: tuple[float, float], points: Mapping[int, tuple[float, float]], k: int) -> float:
+    on_line = max(line[0] + line[1] * k, 0.0)
+    if k not in points:
+        return on_line
+    ns, w = points[k]
+    if k == 1:
+        return ns
+    return (w * ns + LINE_WEIGHT * on_line) / (w + LINE_WEIGHT)
 
 
 def _fit_line(points: Sequence[tuple[int, float, float]]) -> tuple[float, float]:

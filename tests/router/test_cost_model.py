@@ -128,10 +128,24 @@ def test_latency_table_fits_a_line_per_batch_size() -> None:
 
 
 def test_latency_table_trusts_points_by_their_passes() -> None:
-    """A stale warm-up point (1 pass) hardly moves a line measured live (32 passes per point)."""
-    live = {(1, k): (10.0 + k, 32.0) for k in (1, 2, 3)}
-    table = LatencyTable({"m": {**live, (1, 5): (40.0, 1.0)}})
-    equal = LatencyTable({"m": {**{key: (ns, 1.0) for key, (ns, _) in live.items()}, (1, 5): (40.0, 1.0)}})
-    assert table("m", 1, 4) < 17.0 < 25.0 < equal("m", 1, 4)   # the live line says 14
+    """A stale warm-up point (1 pass) moves a line measured live (32 passes per point) a fraction of the way
+    it moves a line of points that weigh the same."""
+    live = {(1, k): (10.0 + k, 32.0) for k in (2, 3, 4)}
+    table = LatencyTable({"m": {**live, (1, 6): (40.0, 1.0)}})
+    equal = LatencyTable({"m": {**{key: (ns, 1.0) for key, (ns, _) in live.items()}, (1, 6): (40.0, 1.0)}})
+    assert 15.0 < table("m", 1, 5) < 15.0 + (equal("m", 1, 5) - 15.0) / 3   # the live line says 15
     single = LatencyTable({"m": {(1, 3): (7.0, 1.0)}})
     assert single("m", 1, 1) == single("m", 1, 9) == 7.0       # one point: flat in k
+
+
+def test_latency_table_keeps_a_well_measured_point_off_the_line() -> None:
+    """A single-token pass much cheaper than the line through longer ones (as on a CPU) stays cheap."""
+    points = {(1, 1): (29.0, 32.0), **{(1, k): (46.0 + 2.5 * (k - 2), 32.0) for k in range(2, 8)}}
+    table = LatencyTable({"m": points})
+    assert table("m", 1, 1) == pytest.approx(29.0, abs=1.0)
+    assert table("m", 1, 4) == pytest.approx(51.0, abs=1.0)
+    # a point off the line is pulled towards it by 8 passes: a ninth of the way for a warm-up point
+    warm = LatencyTable({"m": {**{key: (ns, 1.0) for key, (ns, _) in points.items()}, (1, 4): (60.0, 1.0)}})
+    a, slope = warm._by_batch["m"][1][0]
+    assert warm("m", 1, 4) == pytest.approx((60.0 + 8 * (a + 4 * slope)) / 9)
+    assert warm("m", 1, 1) == 29.0     # the single-token regime is taken as measured
