@@ -65,3 +65,24 @@ def test_labels_drop_the_shared_prefix_at_a_separator() -> None:
     assert config_label(["stdlib-1m", "stdlib-29m"], 3, short) == "1m,29m W3"
     assert config_label(["stdlib-12m", "stdlib-29m"], 4, short) == "12m,29m W4"
     assert name_shortener(["target"])("target") == "target"
+
+
+class RecordingAxes:
+    """What a throughput panel draws, without drawing."""
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            if name == "set_yticks":
+                self.labels = list(args[1])
+        return record
+
+
+def test_target_only_gets_one_bar_though_it_is_among_the_statics() -> None:
+    from specrouter.report.chart import _throughput_panel
+
+    r = run("code", 1)
+    r["static"].append(static(["stdlib-29m"], 0, 30.0, 35.0))
+    ax = RecordingAxes()
+    _throughput_panel(ax, r, lambda name: name)
+    assert ax.labels.count("target only") == 1 and ax.labels.count("adaptive") == 1
+    assert len(ax.labels) == len(r["static"]) - 1 + 2 and not any("W0" in label for label in ax.labels)

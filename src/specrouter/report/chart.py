@@ -76,7 +76,8 @@ def name_shortener(names: list[str]) -> Callable[[str], str]:
 def _throughput_panel(ax, run: dict, short) -> None:
     best = run["best_static"]
     best_label = config_label(best["chain"], best["window"], short)
-    bars = [(config_label(s["chain"], s["window"], short), s["tokens_per_s"], STATIC_COLOUR) for s in run["static"]]
+    bars = [(config_label(s["chain"], s["window"], short), s["tokens_per_s"], STATIC_COLOUR) for s in run["static"]
+            if len(s["chain"]) > 1]   # target-only is among the statics too: one bar of its own, below
     bars = [(label, v, BEST_STATIC_COLOUR if label == best_label else colour) for label, v, colour in bars]
     bars.append(("target only", run["target_only_tokens_per_s"], TARGET_COLOUR))
     bars.append(("adaptive", run["adaptive_tokens_per_s"], ADAPTIVE_COLOUR))
