@@ -216,7 +216,7 @@ class Scheduler:
                 continue
             plan = self._plans.get(key)
             if plan is None or self._stale(plan):
-                fresh = self._make_plan(*key)
+                fresh = self._make_plan(*key, pause=True)
                 with self.lock:
                     self._plans[key] = fresh
 
@@ -250,7 +250,10 @@ class Scheduler:
             plan = self._plans[key] = self._make_plan(*key)
         return plan
 
-    def _make_plan(self, greedy_rows: int, sampling_rows: int) -> Plan:
+    def _make_plan(self, greedy_rows: int, sampling_rows: int, pause: bool = False) -> Plan:
+        """The ranking for one composition. With `pause` (the planner thread), the GIL is offered after every
+        chain, so that the cycle thread waiting on a worker's reply gets it at once, not after the
+        interpreter's switch interval (5 ms by default)."""
         started = time.perf_counter_ns()
         now = self._clock()
         snapshot = self._refresh_snapshot()
@@ -279,6 +282,8 @@ class Scheduler:
                       if n]
             for w in windows:
                 predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead))
+            if pause:
+                time.sleep(0)
         predictions.sort(key=lambda p: p.t_eff_ns)
         self.counts["plans"] += 1
         self.planning_ns += time.perf_counter_ns() - started

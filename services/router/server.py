@@ -128,7 +128,8 @@ def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.Schedule
                     for p in plan.predictions],
         decisions=scheduler.counts["decisions"], explorations=scheduler.counts["explorations"],
         switches=scheduler.counts["switches"], decision_us=scheduler.decision_ns.get() / 1e3,
-        cycle_ms=scheduler.cycle_ns.get() / 1e6)
+        cycle_ms=scheduler.cycle_ns.get() / 1e6, plans=scheduler.counts["plans"],
+        planning_ms=scheduler.planning_ns / 1e6)
     est = plan.estimates
     depth = max(scheduler.settings.windows)
     modes = [m for m, n in (("greedy", greedy), ("sampling", sampling)) if n]

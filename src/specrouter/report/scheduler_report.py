@@ -119,7 +119,8 @@ class SchedulerReport:
         models = self.client.models()
         self.target = next(m.name for m in models if m.role == "target")
         self.models = [m.name for m in models]
-        first = self.stub.Schedule(pb.ScheduleRequest(greedy_rows=1), timeout=60)
+        first = self.first = self.stub.Schedule(pb.ScheduleRequest(greedy_rows=1), timeout=60)
+        self.first_at = time.perf_counter()
         self.chains = sorted({tuple(c.chain) for c in first.candidates if len(c.chain) > 1}, key=lambda c: (len(c), c))
 
     # -- one run --------------------------------------------------------------------------------
@@ -305,6 +306,9 @@ class SchedulerReport:
 
         runs = [self.workload(kind, texts, batch, step) for kind, texts, batch in plans]
         final = self._schedule(1)
+        elapsed_ms = (time.perf_counter() - self.first_at) * 1e3
+        cycles = sum(ledger.cycles for ledger in final.ledgers) - sum(ledger.cycles for ledger in self.first.ledgers)
+        planning_ms = final.planning_ms - self.first.planning_ms
         pairs: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0] * 4)
         for run in runs:
             for a in run["acceptance"]:
@@ -320,7 +324,11 @@ class SchedulerReport:
             "decision": {"decision_us": final.decision_us, "cycle_ms": final.cycle_ms,
                          "share_of_cycle": final.decision_us / 1e3 / final.cycle_ms if final.cycle_ms else None,
                          "decisions": final.decisions, "explorations": final.explorations,
-                         "switches": final.switches},
+                         "switches": final.switches,
+                         # the planner's rankings, spread over every cycle the router ran meanwhile
+                         "plans": final.plans - self.first.plans, "planning_ms": planning_ms,
+                         "planning_ms_per_cycle": planning_ms / cycles if cycles else None,
+                         "planning_share_of_time": planning_ms / elapsed_ms if elapsed_ms else None},
             "calibration": [{"mode": c.mode, "intercept": c.intercept, "slope": c.slope, "pairs": c.pairs}
                             for c in final.calibration],
             "settings": {"batch_sizes": list(s.batch_sizes), "windows": list(s.windows),
@@ -418,6 +426,9 @@ def format_report(report: dict) -> str:
     lines.append(f"decision {d['decision_us']:.1f} us per cycle of {d['cycle_ms']:.2f} ms "
                  f"({100 * (d['share_of_cycle'] or 0):.2f}%); {d['explorations']} explorations and "
                  f"{d['switches']} switches in {d['decisions']} decisions")
+    if d.get("planning_ms_per_cycle") is not None:
+        lines.append(f"planning {d['plans']} rankings, {d['planning_ms']:.0f} ms: {d['planning_ms_per_cycle']:.2f} ms per "
+                     f"cycle, {100 * d['planning_share_of_time']:.2f}% of the router's wall time")
     rc = report["rank_correlation"]
     if rc["mean"] is not None:
         lines.append(f"rank correlation: mean {rc['mean']:.3f}, min {rc['min']:.3f}")

@@ -207,7 +207,7 @@ class Calibration(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., intercept: _Optional[float] = ..., slope: _Optional[float] = ..., pairs: _Optional[int] = ...) -> None: ...
 
 class ScheduleResponse(_message.Message):
-    __slots__ = ("candidates", "ledgers", "pairs", "calibration", "decisions", "explorations", "switches", "decision_us", "cycle_ms")
+    __slots__ = ("candidates", "ledgers", "pairs", "calibration", "decisions", "explorations", "switches", "decision_us", "cycle_ms", "plans", "planning_ms")
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     LEDGERS_FIELD_NUMBER: _ClassVar[int]
     PAIRS_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,8 @@ class ScheduleResponse(_message.Message):
     SWITCHES_FIELD_NUMBER: _ClassVar[int]
     DECISION_US_FIELD_NUMBER: _ClassVar[int]
     CYCLE_MS_FIELD_NUMBER: _ClassVar[int]
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    PLANNING_MS_FIELD_NUMBER: _ClassVar[int]
     candidates: _containers.RepeatedCompositeFieldContainer[CandidatePrediction]
     ledgers: _containers.RepeatedCompositeFieldContainer[CycleLedger]
     pairs: _containers.RepeatedCompositeFieldContainer[PairEstimate]
@@ -226,4 +228,6 @@ class ScheduleResponse(_message.Message):
     switches: int
     decision_us: float
     cycle_ms: float
-    def __init__(self, candidates: _Optional[_Iterable[_Union[CandidatePrediction, _Mapping]]] = ..., ledgers: _Optional[_Iterable[_Union[CycleLedger, _Mapping]]] = ..., pairs: _Optional[_Iterable[_Union[PairEstimate, _Mapping]]] = ..., calibration: _Optional[_Iterable[_Union[Calibration, _Mapping]]] = ..., decisions: _Optional[int] = ..., explorations: _Optional[int] = ..., switches: _Optional[int] = ..., decision_us: _Optional[float] = ..., cycle_ms: _Optional[float] = ...) -> None: ...
+    plans: int
+    planning_ms: float
+    def __init__(self, candidates: _Optional[_Iterable[_Union[CandidatePrediction, _Mapping]]] = ..., ledgers: _Optional[_Iterable[_Union[CycleLedger, _Mapping]]] = ..., pairs: _Optional[_Iterable[_Union[PairEstimate, _Mapping]]] = ..., calibration: _Optional[_Iterable[_Union[Calibration, _Mapping]]] = ..., decisions: _Optional[int] = ..., explorations: _Optional[int] = ..., switches: _Optional[int] = ..., decision_us: _Optional[float] = ..., cycle_ms: _Optional[float] = ..., plans: _Optional[int] = ..., planning_ms: _Optional[float] = ...) -> None: ...
