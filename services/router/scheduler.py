@@ -68,7 +68,8 @@ def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> lis
 
 
 def call_overhead(known: Mapping[tuple[str, int], float], model: str, forwards: int) -> float:
-    """The measured overhead of a call to `model` with `forwards` passes: the EMA when there is one, else the
+    """The router-side cost of a call to `model` beyond its `forwards` passes (round trip, sampling, ...),
+    from the measured EMAs: the EMA of that many passes when there is one, else the
     line through the fewest and the most passes measured (never below 0), 0 when none is measured."""
     if (model, forwards) in known:
         return known[(model, forwards)]
@@ -176,12 +177,6 @@ class Scheduler:
         self.ledgers: dict[tuple[tuple[str, ...], int, int, bool], Ledger] = defaultdict(Ledger)
 
     # -- inputs -------------------------------------------------------------------------------------
-
-    def overhead(self, model: str, forwards: int) -> float:
-        """Router-side cost of one call to `model` beyond its forward passes (round trip, sampling, ...)."""
-        with self.lock:
-            known = {key: e.get() for key, e in self._call_overhead.items() if e.weight > 0}
-        return call_overhead(known, model, forwards)
 
     def cycle_overhead(self, batch_size: int) -> float:
         with self.lock:
@@ -422,7 +417,3 @@ class Scheduler:
                         exp_acc, exp_tried = decision.prediction.checks[level]
                         entry[2] += exp_acc
                         entry[3] += exp_tried
-
-    def stats(self) -> dict:
-        return {**self.counts, "decision_ns": self.decision_ns.get(), "cycle_ns": self.cycle_ns.get(),
-                "planning_ns": self.planning_ns}
