@@ -18,6 +18,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from specrouter.router.workers import Worker
@@ -26,6 +27,10 @@ from specrouter.worker.sampling import SamplingParams
 
 FINISH_STOP = "stop"      # EOS or a stop sequence
 FINISH_LENGTH = "length"  # max_new_tokens or the context
+
+# Calls that go to every worker (prefill, release) go out together: each worker is its own process (or
+# device), so a row joins after the slowest prefill, not after the sum of them.
+_FAN_OUT = ThreadPoolExecutor(max_workers=16, thread_name_prefix="worker-fan-out")
 
 
 @dataclass
@@ -93,21 +98,28 @@ class ChainBatch:
             if row.row_id in self.rows:
                 raise ValueError(f"row {row.row_id!r} is already running")
         batch = [(r.row_id, r.tokens[:-1]) for r in rows]
-        for name, worker in self.workers.items():
-            worker.prefill(self.state_id, batch)
-            for r in rows:
-                r.seen[name] = len(r.tokens) - 1
-                r.spec[name] = []
+        self._on_every_worker(lambda worker: worker.prefill(self.state_id, batch))
         for r in rows:
+            r.seen = {name: len(r.tokens) - 1 for name in self.workers}
+            r.spec = {name: [] for name in self.workers}
             self.rows[r.row_id] = r
 
     def remove(self, row_ids: Sequence[str]) -> list[Row]:
         """Rows leave the batch; their entries are released on every worker."""
         gone = [self.rows.pop(r) for r in row_ids if r in self.rows]
         if gone:
-            for worker in self.workers.values():
-                worker.release(self.state_id, [r.row_id for r in gone])
+            ids = [r.row_id for r in gone]
+            self._on_every_worker(lambda worker: worker.release(self.state_id, ids))
         return gone
+
+    def _on_every_worker(self, call: Callable[[Worker], object]) -> None:
+        """`call` on every worker at once; the first failure is raised once all have answered (so that
+        a caller cleaning up after it finds no call still in flight)."""
+        futures = [_FAN_OUT.submit(call, worker) for worker in self.workers.values()]
+        errors = [f.exception() for f in futures]
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
+            raise failed
 
     def release(self) -> None:
         if self.rows:

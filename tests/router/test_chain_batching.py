@@ -109,3 +109,39 @@ def test_bad_chains_are_refused(tiny_pool) -> None:
             batch.step(chain, 2)
     batch.release()
     assert all(not e.state_ids() for e in tiny_pool.values())
+
+
+class _Gate:
+    """A worker whose prefill and release wait until every worker of the pool has been called."""
+
+    def __init__(self, name: str, barrier, fail: bool = False):
+        self.name, self.barrier, self.fail, self.calls = name, barrier, fail, []
+
+    def prefill(self, state_id, rows):
+        self.barrier.wait(timeout=10)   # a call made one worker after another never gets through
+        self.calls.append("prefill")
+        if self.fail:
+            raise RuntimeError(f"{self.name}: out of memory")
+
+    def release(self, state_id, row_ids=None):
+        self.barrier.wait(timeout=10)
+        self.calls.append("release")
+
+
+def test_prefill_and_release_reach_every_worker_at_once() -> None:
+    import threading
+
+    barrier = threading.Barrier(3)
+    workers = {n: _Gate(n, barrier) for n in ("s", "m", "t")}
+    batch = ChainBatch(workers, "t", CONTEXT)
+    batch.add([new_row(0, [1, 2, 3])])
+    assert batch.rows["r0"].seen == {"s": 2, "m": 2, "t": 2}
+    batch.release()
+    assert all(w.calls == ["prefill", "release"] for w in workers.values())
+    # one worker failing fails the join, after every worker has answered; the row is not in the batch
+    barrier = threading.Barrier(3)
+    failing = {n: _Gate(n, barrier, fail=n == "m") for n in ("s", "m", "t")}
+    batch = ChainBatch(failing, "t", CONTEXT)
+    with pytest.raises(RuntimeError, match="m: out of memory"):
+        batch.add([new_row(1, [1, 2])])
+    assert not batch.rows and all(w.calls == ["prefill"] for w in failing.values())
