@@ -87,6 +87,8 @@ class Measured:
     chain_counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     pairs: dict[tuple[str, str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 4))
     configs: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # adaptive: cycles per (chain, window)
+    # adaptive, per (chain, window): [cycle ms, emitted, predicted cycle ms, predicted emitted] summed over cycles
+    per_config: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 4))
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -188,6 +190,8 @@ class SchedulerReport:
             if config.chain is None and ledger.cycles - (prev.cycles if prev else 0):
                 label = Config(chain, window).label()
                 into.configs[label] += ledger.cycles - (prev.cycles if prev else 0)
+                for i, name in enumerate(("cycle_ms", "emitted", "predicted_cycle_ms", "predicted_emitted")):
+                    into.per_config[label][i] += getattr(ledger, name) - (getattr(prev, name) if prev else 0.0)
             for name in ("cycle_ms", "emitted", "predicted_cycle_ms", "predicted_emitted"):
                 setattr(into, name, getattr(into, name) + getattr(ledger, name) - (getattr(prev, name) if prev else 0.0))
             prev_pairs = {(p.drafter, p.verifier, p.mode): p for p in prev.pairs} if prev else {}
@@ -271,7 +275,14 @@ class SchedulerReport:
                          "measured_cycle_ms": adaptive.cycle_ms / adaptive.cycles if adaptive.cycles else None,
                          "measured_emitted": adaptive.emitted / adaptive.cycles if adaptive.cycles else None,
                          "chain_counts": dict(sorted(adaptive.chain_counts.items(), key=lambda kv: -kv[1])),
-                         "cycles_per_config": dict(sorted(adaptive.configs.items(), key=lambda kv: -kv[1]))},
+                         "cycles_per_config": dict(sorted(adaptive.configs.items(), key=lambda kv: -kv[1])),
+                         # per choice: predicted beside measured, over the cycles it was chosen (a choice
+                         # predicted faster than it measures is the optimism of picking the least of noisy estimates)
+                         "per_config": {label: {"cycles": adaptive.configs[label],
+                                                "predicted_cycle_ms": v[2] / n, "measured_cycle_ms": v[0] / n,
+                                                "predicted_emitted": v[3] / n, "measured_emitted": v[1] / n}
+                                        for label, v in adaptive.per_config.items()
+                                        if (n := adaptive.configs[label])}},
             "rank_correlation": spearman([x["predicted_t_eff_ms"] for x in ranked],
                                          [x["measured_t_eff_ms"] for x in ranked]) if len(ranked) > 2 else None,
             "static": statics,
@@ -409,7 +420,10 @@ def format_report(report: dict) -> str:
         if r["adaptive_over_held_out_best_static"] is not None:
             lines.append(f"  held-out best static {r['held_out_best_static_tokens_per_s']:8.1f} tok/s (picked on the other "
                          f"waves): adaptive = {r['adaptive_over_held_out_best_static']:.3f} x")
-        lines.append(f"  adaptive chose {a['cycles_per_config']}")
+        lines.append("  adaptive chose (cycles: cycle ms and tokens emitted, predicted -> measured):")
+        for label, c in sorted(a.get("per_config", {}).items(), key=lambda kv: -kv[1]["cycles"]):
+            lines.append(f"    {label:<40} {c['cycles']:4d}: {c['predicted_cycle_ms']:6.1f} -> {c['measured_cycle_ms']:6.1f} ms, "
+                         f"{c['predicted_emitted']:.2f} -> {c['measured_emitted']:.2f}")
         rho = r["rank_correlation"]
         lines.append(f"  rank correlation (predicted vs measured T_eff, {len(r['static'])} static): "
                      f"{'n/a' if rho is None else f'{rho:.3f}'}")
