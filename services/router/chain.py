@@ -47,6 +47,9 @@ class Row:
     finish_reason: str | None = None
     seen: dict[str, int] = field(default_factory=dict)      # per model: tokens of `tokens` in its valid cache
     spec: dict[str, list[int]] = field(default_factory=dict)  # per model: speculative tokens in its cache
+    # the row's drafts against the scheduler's prediction, decayed per cycle (the scheduler keeps it):
+    # [accepted, positions checked, predicted accepted, predicted positions checked]
+    acceptance_record: list[float] = field(default_factory=lambda: [0.0] * 4)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row grows its own copy, never the caller's prompt

@@ -11,8 +11,22 @@ those that name the window, the best chain at it. On top of the ranking:
 - exploration: a pair of models that has not been measured for `explore_after_s` (or never) gets one
   cycle of the best chain that contains it, at its best window plus `explore_extra_window` (so deeper
   draft positions get measured too), at most once every `explore_every_cycles` cycles of the router;
-- hysteresis: the batch keeps its current choice unless the best is predicted faster by `hysteresis`,
-  counting the catch-up of models that sat out (their pending tokens) spread over `switch_horizon_cycles`.
+- hysteresis: the batch keeps its chain unless another chain is predicted faster by `chain_hysteresis`,
+  counting the catch-up of models that sat out (their pending tokens) spread over the cycles the batch
+  is expected to run on (`switch_horizon_cycles` at most: a batch about to finish cannot earn back a
+  catch-up); within its chain, or to a chain of fewer of its models, it moves when the best is predicted
+  faster by `hysteresis`. A window change costs nothing; a chain that brings in models not in use costs
+  their catch-up and rests on their older estimates.
+
+The acceptance the profiler holds is the pool's, over every batch; a batch's own rows may do better or
+worse (the rows left at the end of a wave are the ones that drafted worst: they took the most cycles).
+Each row keeps a record of its accepted tokens against the prediction it ran under (decayed by
+`row_memory` a cycle); over the batch's rows, shrunk by `batch_prior_checks` checks towards the
+prediction, it gives the batch's shift in log-odds, rounded to `batch_odds_step`, and the batch is
+planned with every acceptance rate shifted by it. The shift goes further down (`batch_odds_down`) than
+up (`batch_odds_up`): rows that drafted worse stay worse (they are what a wave's tail is made of), while
+a streak of easy tokens mostly ends (greedy cycles after one predicted 2-4x the tokens they emitted). A shift not yet planned is planned by the
+background planner, the nearest planned one serving meanwhile.
 
 The router's own costs (one round trip per level, its work between calls) are measured here from each
 cycle's wall times, as EMAs with `overhead_alpha`, and added to every prediction.
@@ -48,14 +62,20 @@ class SchedulerSettings(BaseModel):
     windows: list[int] = Field(default_factory=lambda: list(range(1, 9)))  # draft windows considered
     max_levels: int = 4                 # longest chain considered (the pool's permutations grow fast)
     recompute_s: float = 0.25           # a batch composition's ranking is at most this old
-    hysteresis: float = 0.03            # switch only when the best is predicted this much faster
-    switch_horizon_cycles: int = 16     # catch-up cost of a switch is spread over this many cycles
+    hysteresis: float = 0.03            # change window only when the best is predicted this much faster
+    chain_hysteresis: float = 0.10      # change chain only when the best is predicted this much faster
+    switch_horizon_cycles: int = 16     # catch-up cost of a switch is spread over this many cycles at most
     explore_after_s: float = 10.0       # a pair unmeasured this long gets an exploration cycle
     explore_every_cycles: int = 50      # at most one exploration cycle per this many cycles (all batches)
     explore_extra_window: int = 1       # exploration drafts this much deeper than the chain's best window
     prior_weight: float = 16.0          # pseudo-checks of the similarity prior in a position's rate
     default_acceptance: float = 0.5     # prior of a pair with no similarity at all
     overhead_alpha: float = 0.05        # EMA constant of the router's own per-call and per-cycle costs
+    batch_odds_step: float = 0.25       # a batch's own acceptance shifts its plan in steps of this log-odds
+    batch_odds_down: float = 1.5        # ... down by this much at most (0: never)
+    batch_odds_up: float = 0.5          # ... up by this much at most (a lucky streak regresses to the mean)
+    batch_prior_checks: float = 64.0    # pseudo-checks at the predicted rate in a batch's own rate
+    row_memory: float = 0.9             # weight a row's acceptance record keeps a cycle (~10 cycles)
 
 
 def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> list[tuple[str, ...]]:
@@ -84,6 +104,44 @@ def call_overhead(known: Mapping[tuple[str, int], float], model: str, forwards: 
 
 def chain_pairs(chain: Sequence[str]) -> list[tuple[str, str]]:
     return list(zip(chain[:-1], chain[1:]))
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
+
+
+def shifted(rate: float, log_odds: float) -> float:
+    """`rate` moved by `log_odds` on the logit scale (0 and 1 stay put)."""
+    if log_odds == 0 or rate <= 0.0 or rate >= 1.0:
+        return rate
+    return 1 / (1 + math.exp(-(_logit(rate) + log_odds)))
+
+
+def batch_shift(rows: Sequence[Row], prior_checks: float, step: float, down: float, up: float) -> int:
+    """The batch's acceptance against the pool's prediction, as a log-odds shift in whole `step`s.
+
+    Over the rows' records: realized rate rho (shrunk by `prior_checks` towards the predicted rate pi),
+    shift = logit(rho) - logit(pi), clipped to [-`down`, `up`]. 0 until the rows have a prediction to
+    compare."""
+    if step <= 0:
+        return 0
+    acc = tried = p_acc = p_tried = 0.0
+    for r in rows:
+        a, t, pa, pt = r.acceptance_record
+        acc, tried, p_acc, p_tried = acc + a, tried + t, p_acc + pa, p_tried + pt
+    if p_tried <= 0:
+        return 0
+    pi = p_acc / p_tried
+    rho = (acc + prior_checks * pi) / (tried + prior_checks)
+    shift = max(-down, min(up, _logit(rho) - _logit(pi)))
+    return int(round(shift / step))
+
+
+def _cycles_left(rows: Sequence[Row], emitted: float) -> float:
+    """Cycles until the batch's longest row reaches max_new_tokens at `emitted` tokens a cycle (an upper
+    bound: a row may stop sooner)."""
+    return max((r.max_new_tokens - len(r.generated) for r in rows), default=0) / max(emitted, 1e-9)
 
 
 class _Ema:
@@ -118,6 +176,7 @@ class Decision:
     window: int
     prediction: Prediction | None     # None: a named chain the scheduler does not plan
     explored: bool = False
+    base: Prediction | None = None    # the same candidate under the pool's acceptance (no batch shift)
 
 
 @dataclass
@@ -154,7 +213,7 @@ class Scheduler:
         self._warmup = dict(warmup or {})
         self._offline = list(offline_similarity)
         self._clock = clock
-        self._plans: dict[tuple[int, int], Plan] = {}
+        self._plans: dict[tuple[int, int, int], Plan] = {}   # (greedy, sampling, batch shift) -> plan
         self._batches: weakref.WeakKeyDictionary[ChainBatch, _BatchState] = weakref.WeakKeyDictionary()
         self._version = 0
         self._inputs: tuple[int, AcceptanceEstimates, LatencyTable] | None = None   # of snapshot version
@@ -171,7 +230,7 @@ class Scheduler:
         self.planning_ns = 0                      # time spent planning, all threads
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
-        self._wanted: dict[tuple[int, int], float] = {}   # composition -> last time a decision needed it
+        self._wanted: dict[tuple[int, int, int], float] = {}   # plan key -> last time a decision needed it
         self._stop = threading.Event()
         self._planner: threading.Thread | None = None
         self.ledgers: dict[tuple[tuple[str, ...], int, int, bool], Ledger] = defaultdict(Ledger)
@@ -234,21 +293,26 @@ class Scheduler:
 
         return (bucket(greedy_rows) if greedy_rows else 0), (bucket(sampling_rows) if sampling_rows else 0)
 
-    def plan(self, greedy_rows: int, sampling_rows: int) -> Plan:
-        """The ranking for a batch composition: the standing plan, made now if there is none (or it is stale
-        and no planner thread runs)."""
-        key = self.composition(greedy_rows, sampling_rows)
+    def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0) -> Plan:
+        """The ranking for a batch composition (with its acceptance shifted by `shift` steps): the standing
+        plan, made now if there is none (or it is stale and no planner thread runs). A shift the planner
+        thread has not planned yet is left to it; the nearest planned shift serves meanwhile."""
+        key = (*self.composition(greedy_rows, sampling_rows), shift)
         self._wanted[key] = self._clock()
         plan = self._plans.get(key)
         planner_running = self._planner is not None and self._planner.is_alive()
+        if plan is None and shift and planner_running:
+            near = [k for k in self._plans if k[:2] == key[:2]]
+            if near:
+                return self._plans[min(near, key=lambda k: abs(k[2] - shift))]
         if plan is None or (not planner_running and self._stale(plan)):
             plan = self._plans[key] = self._make_plan(*key)
         return plan
 
-    def _make_plan(self, greedy_rows: int, sampling_rows: int, pause: bool = False) -> Plan:
-        """The ranking for one composition. With `pause` (the planner thread), the GIL is offered after every
-        chain, so that the cycle thread waiting on a worker's reply gets it at once, not after the
-        interpreter's switch interval (5 ms by default)."""
+    def _make_plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0, pause: bool = False) -> Plan:
+        """The ranking for one composition, every acceptance rate shifted by `shift` steps of log-odds. With
+        `pause` (the planner thread), the GIL is offered after every chain, so that the cycle thread
+        waiting on a worker's reply gets it at once, not after the interpreter's switch interval."""
         started = time.perf_counter_ns()
         now = self._clock()
         snapshot = self._refresh_snapshot()
@@ -261,6 +325,7 @@ class Scheduler:
                                      latency_table(snapshot, self._warmup))
         _, estimates, latency = inputs
         batch = greedy_rows + sampling_rows
+        log_odds = shift * s.batch_odds_step
         cycle_overhead = self.cycle_overhead(batch)
         with self.lock:   # a copy: cycles add to the EMAs while this plan is made
             known = {key: e.get() for key, e in self._call_overhead.items() if e.weight > 0}
@@ -273,6 +338,9 @@ class Scheduler:
             windows = s.windows if len(chain) > 1 else [0]
             groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in chain_pairs(chain)]
                             for mode, n in ((GREEDY, greedy_rows), (SAMPLING, sampling_rows)) if n}
+            if shift:
+                groups_rates = {mode: [[shifted(a, log_odds) for a in rates] for rates in per_pair]
+                                for mode, per_pair in groups_rates.items()}
             groups = [RowGroup(n, groups_rates[mode]) for mode, n in ((GREEDY, greedy_rows), (SAMPLING, sampling_rows))
                       if n]
             for w in windows:
@@ -316,7 +384,17 @@ class Scheduler:
         s = self.settings
         rows = [r for r in batch.rows.values() if r.finish_reason is None]
         greedy = sum(1 for r in rows if r.sampling.greedy)
-        plan = self.plan(greedy, len(rows) - greedy)
+        base = plan = self.plan(greedy, len(rows) - greedy)
+        shift = batch_shift(rows, s.batch_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
+        if shift:
+            plan = self.plan(greedy, len(rows) - greedy, shift)
+        decision = self._decide_in(plan, state, rows, greedy, chain, window)
+        decision.base = base.by_key.get((decision.chain, decision.window))
+        return decision
+
+    def _decide_in(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
+                   chain: tuple[str, ...] | None, window: int) -> Decision:
+        s = self.settings
         state.cycles += 1
         self._cycles += 1
         self.counts["decisions"] += 1
@@ -332,22 +410,32 @@ class Scheduler:
                 self.counts["explorations"] += 1
                 return explore
             best = plan.predictions[0]
-        current = state.current
-        if current is not None and not current.explored:
-            kept = plan.by_key.get((current.chain, current.window))
-            if kept is not None:
-                if (current.chain, current.window) == (best.chain, best.window):
-                    state.current = Decision(best.chain, best.window, best)
-                    return state.current
-                switch_ns = self._catch_up_ns(plan, best.chain, rows)
-                best_t = (best.cost_ns + switch_ns / self.settings.switch_horizon_cycles) / best.emitted
-                if best_t >= kept.t_eff_ns * (1 - self.settings.hysteresis):
-                    state.current = Decision(kept.chain, kept.window, kept)
-                    return state.current
-        if current is not None and (current.chain, current.window) != (best.chain, best.window):
+        state.current = decision = self._settle(plan, state.current, best, rows, chain is None, window)
+        return decision
+
+    def _settle(self, plan: Plan, current: Decision | None, best: Prediction, rows: Sequence[Row],
+                chain_free: bool, window: int) -> Decision:
+        """The hysteresis: the standing choice, its window moved or its chain switched only when worth it
+        (`window`: the one the requests named, 0 if none)."""
+        s = self.settings
+        kept = None if current is None else plan.by_key.get((current.chain, current.window))
+        if kept is None:
+            if current is not None and (current.chain, current.window) != (best.chain, best.window):
+                self.counts["switches"] += 1
+            return Decision(best.chain, best.window, best)
+        same = next(p for p in plan.predictions if p.chain == kept.chain    # kept itself at the latest
+                    and (not window or p.window == window or len(p.chain) == 1))
+        target = same if same.t_eff_ns < kept.t_eff_ns * (1 - s.hysteresis) else kept
+        if best.chain != kept.chain and chain_free:
+            horizon = min(s.switch_horizon_cycles, max(1.0, _cycles_left(rows, best.emitted)))
+            best_t = (best.cost_ns + self._catch_up_ns(plan, best.chain, rows) / horizon) / best.emitted
+            # dropping levels brings in no model that sat out: it is as cheap and as sure as a window change
+            margin = s.chain_hysteresis if set(best.chain) - set(kept.chain) else s.hysteresis
+            if best_t < target.t_eff_ns * (1 - margin):
+                target = best
+        if target is not kept:
             self.counts["switches"] += 1
-        state.current = Decision(best.chain, best.window, best)
-        return state.current
+        return Decision(target.chain, target.window, target)
 
     def _exploration(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
                      sampling: int) -> Decision | None:
@@ -398,6 +486,18 @@ class Scheduler:
             ledger.cycles += 1
             ledger.cycle_ns += cycle_ns
             ledger.emitted += sum(len(report.emitted[r.row_id]) for r in rows) / batch
+            base = decision.base if decision is not None else None
+            if base is not None and base.checks:   # each row's drafts against the pool's prediction
+                keep = self.settings.row_memory
+                for r_index, r in enumerate(rows):
+                    record = r.acceptance_record
+                    record[:] = [x * keep for x in record]
+                    for level, (_, v) in enumerate(chain_pairs(report.chain)[: len(base.checks)]):
+                        acc = report.accepted[v][r_index]
+                        record[0] += acc
+                        record[1] += min(acc + 1, report.proposed[v][r_index])
+                        record[2] += base.checks[level][0]
+                        record[3] += base.checks[level][1]
             if decision is not None and decision.prediction is None:
                 decision = None
             if decision is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -97,13 +98,59 @@ def test_decision_follows_the_metrics_with_hysteresis() -> None:
 
 def test_hysteresis_keeps_a_choice_that_is_nearly_as_good() -> None:
     sched, _ = make({("a", "t"): 0.8, ("b", "t"): 0.5, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9,
-                    hysteresis=0.5)
+                    hysteresis=0.5, chain_hysteresis=0.5)
     batch = FakeBatch(1)
     plan = sched.plan(1, 0)
     second = next(p for p in plan.predictions[1:] if p.t_eff_ns < plan.predictions[0].t_eff_ns * 1.5)
-    from specrouter.router.scheduler import Decision, _BatchState
-    sched._batches[batch] = _BatchState(current=Decision(second.chain, second.window, second))
+    _standing(sched, batch, second)
     assert sched.choose(batch) == (second.chain, second.window)
+
+
+def _standing(sched: Scheduler, batch, prediction) -> None:
+    from specrouter.router.scheduler import Decision, _BatchState
+    sched._batches[batch] = _BatchState(current=Decision(prediction.chain, prediction.window, prediction))
+
+
+def test_a_chain_switch_needs_more_than_a_window_change() -> None:
+    acceptance = {("a", "t"): 0.8, ("b", "t"): 0.8, ("a", "b"): 0.5, ("b", "a"): 0.5}
+    probe, _ = make(acceptance, explore_after_s=1e9)
+    plan = probe.plan(1, 0)
+    best = plan.predictions[0]
+    in_b = sorted((p for p in plan.predictions if p.chain == ("b", "t")), key=lambda p: p.t_eff_ns)
+    gain = 1 - best.t_eff_ns / in_b[0].t_eff_ns      # how much faster (a, t) is than (b, t) at its best
+    assert best.chain == ("a", "t") and 0.05 < gain < 0.9
+    for chain_hysteresis, expected in ((gain + 0.02, ("b", "t")), (gain - 0.02, ("a", "t"))):
+        sched, _ = make(acceptance, explore_after_s=1e9, chain_hysteresis=chain_hysteresis)
+        batch = FakeBatch(1)
+        _standing(sched, batch, in_b[-1])            # (b, t) at its worst window
+        chain, window = sched.choose(batch)
+        assert chain == expected
+        if chain == ("b", "t"):                       # kept the chain, moved to its best window
+            assert window == in_b[0].window
+    # a window change within the chain still happens at the (small) window hysteresis
+    sched, _ = make(acceptance, explore_after_s=1e9, chain_hysteresis=0.99)
+    batch = FakeBatch(1)
+    worse = next(p for p in in_b if p.t_eff_ns * (1 - sched.settings.hysteresis) > in_b[0].t_eff_ns)
+    _standing(sched, batch, worse)
+    assert sched.choose(batch) == (("b", "t"), in_b[0].window)
+
+
+def test_a_switch_near_the_end_of_the_batch_does_not_pay_for_its_catch_up() -> None:
+    acceptance = {("a", "t"): 0.6, ("b", "t"): 0.9, ("a", "b"): 0.5, ("b", "a"): 0.5}
+    decisions = {}
+    for left in (60, 1):
+        sched, _ = make(acceptance, explore_after_s=1e9, chain_hysteresis=0.0, hysteresis=0.0)
+        batch = FakeBatch(1)
+        row = next(iter(batch.rows.values()))
+        row.max_new_tokens = 300
+        row.tokens += [7] * (300 - left)              # `left` tokens to go; (b) has seen none of the output
+        row.seen = {"a": len(row.tokens) - 1, "t": len(row.tokens) - 1, "b": 2}
+        plan = sched.plan(1, 0)
+        assert plan.predictions[0].chain == ("b", "t")
+        _standing(sched, batch, next(p for p in plan.predictions if p.chain == ("a", "t")))
+        decisions[left] = sched.choose(batch)[0]
+    # with many cycles to go the catch-up is spread thin: switch; with one cycle left it is not worth it
+    assert decisions == {60: ("b", "t"), 1: ("a", "t")}
 
 
 def test_unmeasured_pairs_are_explored_then_left_alone() -> None:
@@ -229,3 +276,58 @@ def test_the_planner_survives_a_failing_snapshot() -> None:
         assert sched._planner.is_alive()
     finally:
         sched.close()
+
+
+def test_batch_shift_compares_the_rows_with_their_prediction() -> None:
+    from specrouter.router.scheduler import batch_shift, shifted
+
+    def rows(*records):
+        out = [Row(str(i), [1], 1, SamplingParams(), 8) for i in range(len(records))]
+        for r, record in zip(out, records):
+            r.acceptance_record[:] = record
+        return out
+
+    assert batch_shift(rows([0, 0, 0, 0]), 16, 0.25, 1.5, 0.5) == 0                  # nothing to compare yet
+    assert batch_shift(rows([40, 100, 40, 100]), 16, 0.25, 1.5, 0.5) == 0            # as predicted
+    # realized 0.2 against 0.8 predicted: logit difference -2.77, clipped to -1.5, = -6 steps of 0.25
+    assert batch_shift(rows([10, 50, 40, 50], [10, 50, 40, 50]), 16, 0.25, 1.5, 0.5) == -6
+    # the same rate on a handful of checks is mostly the prediction still (16 pseudo-checks at 0.8)
+    few = batch_shift(rows([1, 5, 4, 5]), 16, 0.25, 1.5, 0.5)
+    rho = (1 + 16 * 0.8) / (5 + 16)
+    assert few == round((math.log(rho / (1 - rho)) - math.log(4)) / 0.25) and -6 < few < 0
+    # better than predicted: up, but only as far as `up` (0.5 = 2 steps)
+    assert batch_shift(rows([50, 50, 25, 50]), 16, 0.25, 1.5, 0.5) == 2
+    assert batch_shift(rows([10, 50, 40, 50]), 16, 0.0, 1.5, 0.5) == 0               # switched off
+    assert shifted(0.5, math.log(3)) == pytest.approx(0.75) and shifted(1.0, -1.0) == 1.0
+
+
+def test_a_batch_drafting_worse_than_the_pool_is_planned_for_what_it_does() -> None:
+    acceptance = {("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}
+    sched, _ = make(acceptance, explore_after_s=1e9)
+    usual = sched.choose(FakeBatch(2))
+    hard = FakeBatch(2)
+    for r in hard.rows.values():      # these rows accept 2 in 10 where 9 in 10 were predicted
+        r.acceptance_record[:] = [20.0, 100.0, 90.0, 100.0]
+    chain, window = sched.choose(hard)
+    assert usual[0] == ("a", "t") and (len(chain) == 1 or window < usual[1])
+    decision = sched.decision_for(hard)
+    assert decision.base == sched.plan(2, 0).by_key[(chain, window)]        # measured against the pool's plan
+    assert decision.prediction.emitted < decision.base.emitted
+
+
+def test_observe_keeps_each_rows_record_against_the_pools_prediction() -> None:
+    from specrouter.router.chain import CycleReport
+
+    sched, _ = make({("a", "t"): 0.5}, explore_after_s=1e9, row_memory=0.5)
+    batch = FakeBatch(2)
+    chain, window = sched.choose(batch, ("a", "t"), 2)
+    decision = sched.decision_for(batch)
+    rows = list(batch.rows.values())
+    report = CycleReport(chain, window, emitted={r.row_id: [5] for r in rows}, accepted={"t": [2, 0]},
+                         proposed={"t": [2, 2]}, results={})
+    for _ in range(2):
+        sched.observe(report, rows, 1_000_000, True, decision)
+    exp_acc, exp_tried = decision.base.checks[0]
+    # two cycles, the first weighing half: row 0 accepted both drafts (2 checks), row 1 none (1 check)
+    assert rows[0].acceptance_record == pytest.approx([3.0, 3.0, 1.5 * exp_acc, 1.5 * exp_tried])
+    assert rows[1].acceptance_record == pytest.approx([0.0, 1.5, 1.5 * exp_acc, 1.5 * exp_tried])
