@@ -348,6 +348,14 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
         for x in run["static"]:
             assert {"chain", "window", "tokens_per_s", "predicted_t_eff_ms", "measured_t_eff_ms"} <= set(x)
             assert x["predicted_t_eff_ms"] > 0 and x["measured_t_eff_ms"] > 0
+            # measured over the cycles at the run's batch size (all of them at batch 1)
+            assert 0 <= x["cycles_at_batch_size"] <= x["cycles"]
+            if run["batch_size"] == 1:
+                assert x["cycles_at_batch_size"] == x["cycles"]
+                assert x["measured_t_eff_ms"] == pytest.approx(x["measured_t_eff_all_cycles_ms"])
+        chosen = run["adaptive"]["per_config"]   # every cycle of adaptive, by what it chose
+        assert sum(c["cycles"] for c in chosen.values()) == run["adaptive"]["cycles"] > 0
+        assert all(c["predicted_emitted"] >= 1 and c["measured_cycle_ms"] > 0 for c in chosen.values())
     assert report["acceptance"] and all({"pair", "predicted", "realized"} <= set(a) for a in report["acceptance"])
     assert set(report["checks"]) >= {"adaptive_within_5pct_of_best_static", "acceptance_within_0.05"}
     assert "%]" in out.stderr or "min left" in out.stderr   # progress, one line per run
