@@ -20,6 +20,7 @@ verification.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -150,15 +151,31 @@ LATENCY_WEIGHT_CAP = 32   # passes beyond which a measured point weighs no more 
 def latency_table(snapshot: ppb.SnapshotResponse | None,
                   warmup: Mapping[str, Sequence[tuple[int, int, int]]]) -> LatencyTable:
     """Live latencies from the snapshot, weighted by the passes each averages; the workers' warm-up
-    profile (one pass per point) fills what the snapshot lacks."""
+    profile (one pass per point) fills what the snapshot lacks, scaled by `warmup_scale`."""
     from specrouter.profiler.metrics import bucket
 
-    points: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
-    for model, timings in warmup.items():
-        for b, k, ns in timings:
-            points.setdefault(model, {})[(bucket(b), bucket(k))] = (float(ns), 1.0)
+    live: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
     if snapshot is not None:
         for f in snapshot.forward:
-            points.setdefault(f.model, {})[(f.batch_size_bucket, f.tokens_per_row_bucket)] = \
+            live.setdefault(f.model, {})[(f.batch_size_bucket, f.tokens_per_row_bucket)] = \
                 (f.ema_forward_ns, float(min(max(f.samples, 1), LATENCY_WEIGHT_CAP)))
+    points: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
+    for model, timings in warmup.items():
+        warm = {(bucket(b), bucket(k)): float(ns) for b, k, ns in timings}
+        scale = warmup_scale(warm, live.get(model, {}))
+        points[model] = {key: (ns * scale, 1.0) for key, ns in warm.items()}
+    for model, measured in live.items():
+        points.setdefault(model, {}).update(measured)
     return LatencyTable(points)
+
+
+def warmup_scale(warm: Mapping[tuple[int, int], float], live: Mapping[tuple[int, int], tuple[float, float]]) -> float:
+    """How much slower a model runs live than at warm-up: the weighted geometric mean of live / warm-up
+    over the points measured both ways (1 with none). A worker times its warm-up alone on the machine;
+    live passes share it with the rest of the cluster (on a 2-core machine running the demo pool they
+    take 1.5-2x as long), so a point known only from warm-up would make what has not run lately look
+    cheap (target-only at batch 16 was picked at 32 ms a cycle and ran at 57)."""
+    both = [(math.log(ns / warm[key]), w) for key, (ns, w) in live.items() if key in warm and warm[key] > 0 and ns > 0]
+    if not both:
+        return 1.0
+    return math.exp(sum(x * w for x, w in both) / sum(w for _, w in both))
