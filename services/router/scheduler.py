@@ -11,6 +11,8 @@ those that name the window, the best chain at it. On top of the ranking:
 - exploration: a pair of models that has not been measured for `explore_after_s` (or never) gets one
   cycle of the best chain that contains it, at its best window plus `explore_extra_window` (so deeper
   draft positions get measured too), at most once every `explore_every_cycles` cycles of the router;
+- fit: no window is longer than the most tokens a row has left to emit (a cycle emits at most window + 1;
+  more is drafted and verified for nothing), unless the requests named it;
 - hysteresis: the batch keeps its chain unless another chain is predicted faster by `chain_hysteresis`,
   counting the catch-up of models that sat out (their pending tokens) spread over the cycles the batch
   is expected to run on (`switch_horizon_cycles` at most: a batch about to finish cannot earn back a
@@ -25,8 +27,8 @@ Each row keeps a record of its accepted tokens against the prediction it ran und
 prediction, it gives the batch's shift in log-odds, rounded to `batch_odds_step`, and the batch is
 planned with every acceptance rate shifted by it. The shift goes further down (`batch_odds_down`) than
 up (`batch_odds_up`): rows that drafted worse stay worse (they are what a wave's tail is made of), while
-a streak of easy tokens mostly ends (greedy cycles after one predicted 2-4x the tokens they emitted). A shift not yet planned is planned by the
-background planner, the nearest planned one serving meanwhile.
+a streak of easy tokens mostly ends (greedy cycles after one predicted 2-4x the tokens they emitted).
+A shift not yet planned is planned by the background planner, the nearest planned one serving meanwhile.
 
 The router's own costs (one round trip per level, its work between calls) are measured here from each
 cycle's wall times, as EMAs with `overhead_alpha`, and added to every prediction.
@@ -398,34 +400,40 @@ class Scheduler:
         state.cycles += 1
         self._cycles += 1
         self.counts["decisions"] += 1
-        if chain is not None or window:   # the requests named the chain or the window: the rest is ours
-            best = next((p for p in plan.predictions if (chain is None or p.chain == chain)
-                         and (not window or p.window == window or len(p.chain) == 1)), None)
-            if best is None:     # a chain longer than `max_levels` or a window beyond `windows`: unplanned
-                return Decision(chain or plan.predictions[0].chain, window or s.windows[len(s.windows) // 2], None)
-        else:
+        named = [p for p in plan.predictions if (chain is None or p.chain == chain)   # what the requests left us
+                 and (not window or p.window == window or len(p.chain) == 1)]
+        if not named:     # a chain longer than `max_levels` or a window beyond `windows`: unplanned
+            return Decision(chain or plan.predictions[0].chain, window or s.windows[len(s.windows) // 2], None)
+        # a draft longer than any row has tokens left to emit is drafted for nothing (a cycle emits at most
+        # window + 1): the candidates that fit, unless the window was named; if none fits (a named chain with
+        # one token left), every window emits that token alone and the cheapest cycle is the best
+        room = max((r.max_new_tokens - len(r.generated) for r in rows), default=1)
+        candidates = named if window else ([p for p in named if len(p.chain) == 1 or p.window < room]
+                                           or [min(named, key=lambda p: p.cost_ns)])
+        if chain is None and not window:
             explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy)
             if explore is not None:
                 self._last_explore_cycle = self._cycles
                 self.counts["explorations"] += 1
                 return explore
-            best = plan.predictions[0]
-        state.current = decision = self._settle(plan, state.current, best, rows, chain is None, window)
+        state.current = decision = self._settle(plan, state.current, candidates, rows, chain is None)
         return decision
 
-    def _settle(self, plan: Plan, current: Decision | None, best: Prediction, rows: Sequence[Row],
-                chain_free: bool, window: int) -> Decision:
-        """The hysteresis: the standing choice, its window moved or its chain switched only when worth it
-        (`window`: the one the requests named, 0 if none)."""
+    def _settle(self, plan: Plan, current: Decision | None, candidates: Sequence[Prediction], rows: Sequence[Row],
+                chain_free: bool) -> Decision:
+        """The hysteresis: the standing choice, its window moved or its chain switched only when worth it.
+        `candidates`: the allowed predictions, fastest first."""
         s = self.settings
+        best = candidates[0]
         kept = None if current is None else plan.by_key.get((current.chain, current.window))
-        if kept is None:
+        same = None if kept is None else next((p for p in candidates if p.chain == kept.chain), None)
+        if kept is None or same is None:   # nothing standing, or its chain is not allowed any more
             if current is not None and (current.chain, current.window) != (best.chain, best.window):
                 self.counts["switches"] += 1
             return Decision(best.chain, best.window, best)
-        same = next(p for p in plan.predictions if p.chain == kept.chain    # kept itself at the latest
-                    and (not window or p.window == window or len(p.chain) == 1))
-        target = same if same.t_eff_ns < kept.t_eff_ns * (1 - s.hysteresis) else kept
+        # the standing chain at its best allowed window, if that is worth moving to (or kept no longer fits)
+        allowed = any(p is kept for p in candidates)
+        target = same if not allowed or same.t_eff_ns < kept.t_eff_ns * (1 - s.hysteresis) else kept
         if best.chain != kept.chain and chain_free:
             horizon = min(s.switch_horizon_cycles, max(1.0, _cycles_left(rows, best.emitted)))
             best_t = (best.cost_ns + self._catch_up_ns(plan, best.chain, rows) / horizon) / best.emitted

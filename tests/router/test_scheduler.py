@@ -138,7 +138,7 @@ def test_a_chain_switch_needs_more_than_a_window_change() -> None:
 def test_a_switch_near_the_end_of_the_batch_does_not_pay_for_its_catch_up() -> None:
     acceptance = {("a", "t"): 0.6, ("b", "t"): 0.9, ("a", "b"): 0.5, ("b", "a"): 0.5}
     decisions = {}
-    for left in (60, 1):
+    for left in (60, 3):
         sched, _ = make(acceptance, explore_after_s=1e9, chain_hysteresis=0.0, hysteresis=0.0)
         batch = FakeBatch(1)
         row = next(iter(batch.rows.values()))
@@ -149,8 +149,8 @@ def test_a_switch_near_the_end_of_the_batch_does_not_pay_for_its_catch_up() -> N
         assert plan.predictions[0].chain == ("b", "t")
         _standing(sched, batch, next(p for p in plan.predictions if p.chain == ("a", "t")))
         decisions[left] = sched.choose(batch)[0]
-    # with many cycles to go the catch-up is spread thin: switch; with one cycle left it is not worth it
-    assert decisions == {60: ("b", "t"), 1: ("a", "t")}
+    # with many cycles to go the catch-up is spread thin: switch; with a cycle or two left it is not worth it
+    assert decisions == {60: ("b", "t"), 3: ("a", "t")}
 
 
 def test_unmeasured_pairs_are_explored_then_left_alone() -> None:
@@ -331,3 +331,28 @@ def test_observe_keeps_each_rows_record_against_the_pools_prediction() -> None:
     # two cycles, the first weighing half: row 0 accepted both drafts (2 checks), row 1 none (1 check)
     assert rows[0].acceptance_record == pytest.approx([3.0, 3.0, 1.5 * exp_acc, 1.5 * exp_tried])
     assert rows[1].acceptance_record == pytest.approx([0.0, 1.5, 1.5 * exp_acc, 1.5 * exp_tried])
+
+
+def test_no_draft_is_longer_than_the_tokens_left() -> None:
+    acceptance = {("a", "t"): 0.95, ("b", "t"): 0.95, ("a", "b"): 0.95, ("b", "a"): 0.95}
+    sched, _ = make(acceptance, explore_after_s=1e9)
+    batch = FakeBatch(2)
+    chain, window = sched.choose(batch)
+    assert chain == ("a", "t") and window >= 6        # plenty of tokens to go: a long window
+    rows = list(batch.rows.values())
+    rows[0].tokens += [7] * (rows[0].max_new_tokens - 3)   # 3 tokens left; the other row still has 64
+    assert sched.choose(batch) == (chain, window)      # the batch runs as long as its longest row
+    rows[1].tokens += [7] * (rows[1].max_new_tokens - 4)   # now 3 and 4 left: at most 4 can be emitted
+    chain, window = sched.choose(batch)
+    assert chain == ("a", "t") and window == 3
+    # one token left: a draft cannot add to it, the target alone emits it
+    for r in rows:
+        r.tokens += [7] * (r.max_new_tokens - 1 - len(r.generated))
+    assert sched.choose(batch) == (("t",), 0)
+    # ... or, the chain being named, its cheapest cycle
+    assert sched.choose(batch, ("b", "t")) == (("b", "t"), 1)
+    # a named window is the requests' to name, even when it outlasts what is left
+    named = FakeBatch(1)
+    row = next(iter(named.rows.values()))
+    row.tokens += [7] * (row.max_new_tokens - 2)
+    assert sched.choose(named, None, 8) == (("a", "t"), 8)
