@@ -177,7 +177,6 @@ class Decision:
     chain: tuple[str, ...]
     window: int
     prediction: Prediction | None     # None: a named chain the scheduler does not plan
-    explored: bool = False
     base: Prediction | None = None    # the same candidate under the pool's acceptance (no batch shift)
 
 
@@ -462,7 +461,7 @@ class Scheduler:
                 window = min(max(s.windows), p.window + s.explore_extra_window)
                 prediction = plan.by_key.get((p.chain, window), p)
                 self._pair_seen_at[(d, v, mode)] = now   # asked for; the snapshot confirms it later
-                return Decision(p.chain, window, prediction, explored=True)
+                return Decision(p.chain, window, prediction)
         return None
 
     def _catch_up_ns(self, plan: Plan, chain: Sequence[str], rows: Sequence[Row]) -> float:
