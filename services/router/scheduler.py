@@ -140,10 +140,9 @@ def batch_shift(rows: Sequence[Row], prior_checks: float, step: float, down: flo
     return int(round(shift / step))
 
 
-def _cycles_left(rows: Sequence[Row], emitted: float) -> float:
-    """Cycles until the batch's longest row reaches max_new_tokens at `emitted` tokens a cycle (an upper
-    bound: a row may stop sooner)."""
-    return max((r.max_new_tokens - len(r.generated) for r in rows), default=0) / max(emitted, 1e-9)
+def _tokens_left(rows: Sequence[Row]) -> int:
+    """The most tokens a row of the batch may still emit (max_new_tokens; a row may stop sooner)."""
+    return max((r.max_new_tokens - (len(r.tokens) - r.prompt_len) for r in rows), default=0)
 
 
 class _Ema:
@@ -406,7 +405,7 @@ class Scheduler:
         # a draft longer than any row has tokens left to emit is drafted for nothing (a cycle emits at most
         # window + 1): the candidates that fit, unless the window was named; if none fits (a named chain with
         # one token left), every window emits that token alone and the cheapest cycle is the best
-        room = max((r.max_new_tokens - len(r.generated) for r in rows), default=1)
+        room = _tokens_left(rows)
         candidates = named if window else ([p for p in named if len(p.chain) == 1 or p.window < room]
                                            or [min(named, key=lambda p: p.cost_ns)])
         if chain is None and not window:
@@ -434,7 +433,7 @@ class Scheduler:
         allowed = any(p is kept for p in candidates)
         target = same if not allowed or same.t_eff_ns < kept.t_eff_ns * (1 - s.hysteresis) else kept
         if best.chain != kept.chain and chain_free:
-            horizon = min(s.switch_horizon_cycles, max(1.0, _cycles_left(rows, best.emitted)))
+            horizon = min(s.switch_horizon_cycles, max(1.0, _tokens_left(rows) / best.emitted))
             best_t = (best.cost_ns + self._catch_up_ns(plan, best.chain, rows) / horizon) / best.emitted
             # dropping levels brings in no model that sat out: it is as cheap and as sure as a window change
             margin = s.chain_hysteresis if set(best.chain) - set(kept.chain) else s.hysteresis
@@ -496,10 +495,11 @@ class Scheduler:
             base = decision.base if decision is not None else None
             if base is not None and base.checks:   # each row's drafts against the pool's prediction
                 keep = self.settings.row_memory
+                levels = list(enumerate(chain_pairs(report.chain)[: len(base.checks)]))
                 for r_index, r in enumerate(rows):
                     record = r.acceptance_record
                     record[:] = [x * keep for x in record]
-                    for level, (_, v) in enumerate(chain_pairs(report.chain)[: len(base.checks)]):
+                    for level, (_, v) in levels:
                         acc = report.accepted[v][r_index]
                         record[0] += acc
                         record[1] += min(acc + 1, report.proposed[v][r_index])

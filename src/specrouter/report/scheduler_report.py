@@ -94,9 +94,8 @@ class Measured:
     at_batch: list[float] = field(default_factory=lambda: [0.0] * 3)
     chain_counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     pairs: dict[tuple[str, str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 4))
-    configs: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # adaptive: cycles per (chain, window)
-    # adaptive, per (chain, window): [cycle ms, emitted, predicted cycle ms, predicted emitted] summed over cycles
-    per_config: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 4))
+    # adaptive, per (chain, window) it chose: [cycles, cycle ms, emitted, predicted cycle ms, predicted emitted]
+    per_config: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 5))
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -194,17 +193,18 @@ class SchedulerReport:
             elif adaptive or chain != config.chain or window != (config.window if len(chain) > 1 else 0):
                 continue
             prev = old.get(key(ledger))
-            into.cycles += ledger.cycles - (prev.cycles if prev else 0)
+            delta = {name: getattr(ledger, name) - (getattr(prev, name) if prev else 0) for name in
+                     ("cycles", "cycle_ms", "emitted", "predicted_cycle_ms", "predicted_emitted")}
+            into.cycles += delta["cycles"]
             if ledger.batch_size == batch:
                 for i, name in enumerate(("cycles", "cycle_ms", "emitted")):
-                    into.at_batch[i] += getattr(ledger, name) - (getattr(prev, name) if prev else 0)
-            if config.chain is None and ledger.cycles - (prev.cycles if prev else 0):
-                label = Config(chain, window).label()
-                into.configs[label] += ledger.cycles - (prev.cycles if prev else 0)
-                for i, name in enumerate(("cycle_ms", "emitted", "predicted_cycle_ms", "predicted_emitted")):
-                    into.per_config[label][i] += getattr(ledger, name) - (getattr(prev, name) if prev else 0.0)
+                    into.at_batch[i] += delta[name]
+            if config.chain is None and delta["cycles"]:
+                chosen = into.per_config[Config(chain, window).label()]
+                for i, value in enumerate(delta.values()):
+                    chosen[i] += value
             for name in ("cycle_ms", "emitted", "predicted_cycle_ms", "predicted_emitted"):
-                setattr(into, name, getattr(into, name) + getattr(ledger, name) - (getattr(prev, name) if prev else 0.0))
+                setattr(into, name, getattr(into, name) + delta[name])
             prev_pairs = {(p.drafter, p.verifier, p.mode): p for p in prev.pairs} if prev else {}
             for p in ledger.pairs:
                 q = prev_pairs.get((p.drafter, p.verifier, p.mode))
@@ -290,14 +290,14 @@ class SchedulerReport:
                          "measured_cycle_ms": adaptive.cycle_ms / adaptive.cycles if adaptive.cycles else None,
                          "measured_emitted": adaptive.emitted / adaptive.cycles if adaptive.cycles else None,
                          "chain_counts": dict(sorted(adaptive.chain_counts.items(), key=lambda kv: -kv[1])),
-                         "cycles_per_config": dict(sorted(adaptive.configs.items(), key=lambda kv: -kv[1])),
+                         "cycles_per_config": {label: int(v[0]) for label, v in
+                                               sorted(adaptive.per_config.items(), key=lambda kv: -kv[1][0])},
                          # per choice: predicted beside measured, over the cycles it was chosen (a choice
                          # predicted faster than it measures is the optimism of picking the least of noisy estimates)
-                         "per_config": {label: {"cycles": adaptive.configs[label],
-                                                "predicted_cycle_ms": v[2] / n, "measured_cycle_ms": v[0] / n,
-                                                "predicted_emitted": v[3] / n, "measured_emitted": v[1] / n}
-                                        for label, v in adaptive.per_config.items()
-                                        if (n := adaptive.configs[label])}},
+                         "per_config": {label: {"cycles": int(n),
+                                                "predicted_cycle_ms": pc / n, "measured_cycle_ms": c / n,
+                                                "predicted_emitted": pe / n, "measured_emitted": e / n}
+                                        for label, (n, c, e, pc, pe) in adaptive.per_config.items()}},
             "rank_correlation": spearman([x["predicted_t_eff_ms"] for x in ranked],
                                          [x["measured_t_eff_ms"] for x in ranked]) if len(ranked) > 2 else None,
             "static": statics,
