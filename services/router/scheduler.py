@@ -13,6 +13,11 @@ those that name the window, the best chain at it. On top of the ranking:
   draft positions get measured too), at most once every `explore_every_cycles` cycles of the router;
 - fit: no window is longer than the most tokens a row has left to emit (a cycle emits at most window + 1;
   more is drafted and verified for nothing), unless the requests named it;
+- tail: a row's last cycle emits past its tokens left (dropped), and a batch's rows finish apart, so
+  that while the last ones run the batch is small and its cycles cost nearly as much as full ones. Long
+  windows emit more per cycle but more unevenly, so they overshoot more and their rows spread out more;
+  candidates are ranked by T_eff times the expected cost of both (cost_model.tail_factor, weighted by
+  `tail_weight`), from the rows' tokens left and the cost of the same cycle for one row;
 - hysteresis: the batch keeps its chain unless another chain is predicted faster by `chain_hysteresis`,
   counting the catch-up of models that sat out (their pending tokens) spread over the cycles the batch
   is expected to run on (`switch_horizon_cycles` at most: a batch about to finish cannot earn back a
@@ -51,7 +56,7 @@ from pydantic import BaseModel, Field
 
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.router.chain import ChainBatch, CycleReport, Row
-from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, predict
+from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, predict, tail_factor
 from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, latency_table
 from specrouter.v1 import profiler_pb2 as ppb
 
@@ -78,6 +83,7 @@ class SchedulerSettings(BaseModel):
     batch_odds_up: float = 0.5          # ... up by this much at most (a lucky streak regresses to the mean)
     batch_prior_checks: float = 64.0    # pseudo-checks at the predicted rate in a batch's own rate
     row_memory: float = 0.9             # weight a row's acceptance record keeps a cycle (~10 cycles)
+    tail_weight: float = 1.0            # weight of the overshoot and the rows' finishing spread (0: T_eff only)
 
 
 def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> list[tuple[str, ...]]:
@@ -142,7 +148,18 @@ def batch_shift(rows: Sequence[Row], prior_checks: float, step: float, down: flo
 
 def _tokens_left(rows: Sequence[Row]) -> int:
     """The most tokens a row of the batch may still emit (max_new_tokens; a row may stop sooner)."""
-    return max((r.max_new_tokens - (len(r.tokens) - r.prompt_len) for r in rows), default=0)
+    return max((_row_tokens_left(r) for r in rows), default=0)
+
+
+def _row_tokens_left(row: Row) -> int:
+    return row.max_new_tokens - (len(row.tokens) - row.prompt_len)
+
+
+Score = Callable[[Prediction], float]
+
+
+def _t_eff(p: Prediction) -> float:
+    return p.t_eff_ns
 
 
 class _Ema:
@@ -388,12 +405,29 @@ class Scheduler:
         shift = batch_shift(rows, s.batch_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
         if shift:
             plan = self.plan(greedy, len(rows) - greedy, shift)
-        decision = self._decide_in(plan, state, rows, greedy, chain, window)
+        score: Score = _t_eff
+        if s.tail_weight > 0 and rows:   # with the same cycles for one row of the batch's main mode
+            main = 2 * greedy >= len(rows)
+            solo = plan if len(rows) == 1 else self.plan(1 if main else 0, 0 if main else 1, shift)
+            score = self._tail_score(solo, rows)
+        decision = self._decide_in(plan, state, rows, greedy, chain, window, score)
         decision.base = base.by_key.get((decision.chain, decision.window))
         return decision
 
+    def _tail_score(self, solo: Plan, rows: Sequence[Row]) -> Score:
+        """T_eff times the weighted cost of the rows' spread (cost_model.tail_factor)."""
+        left = sum(_row_tokens_left(r) for r in rows) / len(rows)
+        weight = self.settings.tail_weight
+
+        def score(p: Prediction) -> float:
+            one = solo.by_key.get((p.chain, p.window))
+            if one is None:
+                return p.t_eff_ns
+            return p.t_eff_ns * (1 + weight * (tail_factor(p, one.cost_ns, left) - 1))
+        return score
+
     def _decide_in(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
-                   chain: tuple[str, ...] | None, window: int) -> Decision:
+                   chain: tuple[str, ...] | None, window: int, score: Score = _t_eff) -> Decision:
         s = self.settings
         state.cycles += 1
         self._cycles += 1
@@ -408,19 +442,21 @@ class Scheduler:
         room = _tokens_left(rows)
         candidates = named if window else ([p for p in named if len(p.chain) == 1 or p.window < room]
                                            or [min(named, key=lambda p: p.cost_ns)])
+        if score is not _t_eff:
+            candidates = sorted(candidates, key=score)
         if chain is None and not window:
             explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy)
             if explore is not None:
                 self._last_explore_cycle = self._cycles
                 self.counts["explorations"] += 1
                 return explore
-        state.current = decision = self._settle(plan, state.current, candidates, rows, chain is None)
+        state.current = decision = self._settle(plan, state.current, candidates, rows, chain is None, score)
         return decision
 
     def _settle(self, plan: Plan, current: Decision | None, candidates: Sequence[Prediction], rows: Sequence[Row],
-                chain_free: bool) -> Decision:
+                chain_free: bool, score: Score = _t_eff) -> Decision:
         """The hysteresis: the standing choice, its window moved or its chain switched only when worth it.
-        `candidates`: the allowed predictions, fastest first."""
+        `candidates`: the allowed predictions, least `score` first."""
         s = self.settings
         best = candidates[0]
         kept = None if current is None else plan.by_key.get((current.chain, current.window))
@@ -431,13 +467,13 @@ class Scheduler:
             return Decision(best.chain, best.window, best)
         # the standing chain at its best allowed window, if that is worth moving to (or kept no longer fits)
         allowed = any(p is kept for p in candidates)
-        target = same if not allowed or same.t_eff_ns < kept.t_eff_ns * (1 - s.hysteresis) else kept
+        target = same if not allowed or score(same) < score(kept) * (1 - s.hysteresis) else kept
         if best.chain != kept.chain and chain_free:
             horizon = min(s.switch_horizon_cycles, max(1.0, _tokens_left(rows) / best.emitted))
-            best_t = (best.cost_ns + self._catch_up_ns(plan, best.chain, rows) / horizon) / best.emitted
+            best_t = score(best) * (1 + self._catch_up_ns(plan, best.chain, rows) / horizon / best.cost_ns)
             # dropping levels brings in no model that sat out: it is as cheap and as sure as a window change
             margin = s.chain_hysteresis if set(best.chain) - set(kept.chain) else s.hysteresis
-            if best_t < target.t_eff_ns * (1 - margin):
+            if best_t < score(target) * (1 - margin):
                 target = best
         if target is not kept:
             self.counts["switches"] += 1

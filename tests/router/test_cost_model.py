@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from specrouter.router.cost_model import LatencyTable, RowGroup, accepted_distribution, expected_batch_cost, predict
+from specrouter.router.cost_model import (LatencyTable, Prediction, RowGroup, accepted_distribution, expected_batch_cost,
+                                         expected_max_normal, predict, tail_factor)
 
 # An arbitrary latency model: a fixed cost plus a cost per token of the padded block.
 COSTS = {"a": (1.0e6, 0.02e6), "b": (2.5e6, 0.05e6), "t": (9.0e6, 0.4e6)}
@@ -114,6 +115,61 @@ def test_prediction_fails_when_the_cycle_differs() -> None:
     sd = math.sqrt(sum((v - mean) ** 2 for v in costs) / (len(costs) - 1)) / math.sqrt(len(costs))
     assert abs(mean - p.cost_ns) < 4.5 * sd
     assert abs(mean - unpadded.cost_ns) > 20 * sd
+
+
+@pytest.mark.parametrize("chain,window,groups", [
+    (("a", "t"), 6, [RowGroup(1, [[0.9, 0.8, 0.7, 0.6, 0.6, 0.6]])]),
+    (("a", "b", "t"), 3, [RowGroup(1, [[0.8] * 3, [0.9, 0.85, 0.8, 0.75]])]),
+])
+def test_emitted_variance_matches_simulation(chain, window, groups) -> None:
+    """The sample variance of one row's tokens per cycle within 4.5 standard errors of the predicted one
+    (the error of a variance: sqrt((m4 - s^4) / n)): a false alarm rate of about 7e-6 per case."""
+    p = predict(chain, window, groups, latency, overhead)
+    _, emitted = _simulate(chain, window, groups, 40_000, random.Random(99))
+    mean = sum(emitted) / len(emitted)
+    var = sum((e - mean) ** 2 for e in emitted) / (len(emitted) - 1)
+    m4 = sum((e - mean) ** 4 for e in emitted) / len(emitted)
+    assert abs(var - p.emitted_var) <= 4.5 * math.sqrt((m4 - var**2) / len(emitted)), (var, p.emitted_var)
+
+
+def test_expected_max_normal_matches_the_tables() -> None:
+    """Tippett's tables of the mean of the largest of n standard normals."""
+    for n, want in ((1, 0.0), (2, 0.5642), (3, 0.8463), (4, 1.0294), (10, 1.5388), (16, 1.7660)):
+        assert expected_max_normal(n) == pytest.approx(want, abs=2e-4)
+
+
+def _wave_seconds(dist: list[float], rows: int, tokens: int, fixed: float, per_row: float, rng: random.Random) -> float:
+    """One closed wave: every row must emit `tokens`, drawing its tokens per cycle from `dist`; a cycle
+    costs `fixed` + `per_row` times the rows still running."""
+    left = [tokens] * rows
+    total = 0.0
+    values = range(len(dist))
+    while any(n > 0 for n in left):
+        running = [i for i, n in enumerate(left) if n > 0]
+        total += fixed + per_row * len(running)
+        for i, n in zip(running, rng.choices(values, dist, k=len(running))):
+            left[i] -= n
+    return total
+
+
+@pytest.mark.parametrize("window,rows", [(2, 4), (8, 4), (2, 16), (8, 16), (4, 1)])
+def test_tail_factor_predicts_a_closed_waves_time(window, rows) -> None:
+    """A wave of rows that must each emit 48 tokens, cycles costing 8 + 1 per running row: its mean time
+    per token of a row is T_eff times tail_factor within 3% (the normal approximation of the rows'
+    finishing is what is left; 3,000 waves give a standard error near 0.2%). Plain T_eff is further off
+    for long windows at large batches, so the test would catch a factor that ignored the spread."""
+    rates = [0.8] * window
+    p = predict(("a", "t"), window, [RowGroup(rows, [rates])], latency, overhead)
+    dist, _ = accepted_distribution([0.0] * window + [1.0], rates)
+    fixed, per_row, tokens = 8.0, 1.0, 48
+    cost = fixed + per_row * rows
+    shaped = Prediction(p.chain, window, rows, cost, p.emitted, p.level_ns, p.checks, p.emitted_var)
+    rng = random.Random(window * 100 + rows)
+    measured = sum(_wave_seconds(dist, rows, tokens, fixed, per_row, rng) for _ in range(3000)) / 3000 / tokens
+    predicted = shaped.t_eff_ns * tail_factor(shaped, fixed + per_row, tokens)
+    assert measured == pytest.approx(predicted, rel=0.03)
+    if window == 8 and rows == 16:
+        assert measured > 1.15 * shaped.t_eff_ns
 
 
 def test_latency_table_fits_a_line_per_batch_size() -> None:

@@ -356,3 +356,25 @@ def test_no_draft_is_longer_than_the_tokens_left() -> None:
     row = next(iter(named.rows.values()))
     row.tokens += [7] * (row.max_new_tokens - 2)
     assert sched.choose(named, None, 8) == (("a", "t"), 8)
+
+
+def test_a_batch_is_planned_for_how_its_rows_finish() -> None:
+    """Long windows overshoot a row's last tokens and spread the rows' finishing apart: the more rows and the
+    fewer tokens left, the shorter the window; one row with plenty left keeps the T_eff choice."""
+    acceptance = {("a", "t"): 0.9, ("b", "t"): 0.8, ("a", "b"): 0.9, ("b", "a"): 0.9}
+
+    def window(rows: int, left: int, tail_weight: float) -> int:
+        sched, _ = make(acceptance, explore_after_s=1e9, tail_weight=tail_weight)
+        batch = FakeBatch(rows)
+        for r in batch.rows.values():
+            r.tokens += [7] * (r.max_new_tokens - left)
+        chain, w = sched.choose(batch)
+        assert chain == ("a", "t")
+        return w
+
+    plain = window(16, 60, 0.0)
+    assert all(window(rows, left, 0.0) == window(rows, 60, 0.0) for rows, left in ((16, 12), (4, 12)))
+    assert window(1, 60, 1.0) == window(1, 60, 0.0)
+    assert window(16, 60, 1.0) < plain
+    assert window(16, 12, 1.0) < window(16, 60, 1.0)
+    assert window(4, 12, 1.0) < window(4, 12, 0.0)
