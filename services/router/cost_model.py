@@ -24,6 +24,7 @@ mean of each position but ignores correlation between rows of one batch).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,15 @@ class Prediction:
     @property
     def tokens_per_s(self) -> float:
         return self.batch_size * self.emitted / self.cost_ns * 1e9
+
+    def scaled_cost_ns(self, scales: Mapping[str, float]) -> float:
+        """The cycle's cost with each level's time multiplied by its model's scale (1 when not given)."""
+        return self.cost_ns + sum(ns * (scales.get(m, 1.0) - 1.0) for ns, m in zip(self.level_ns, self.chain))
+
+    def scaled(self, scales: Mapping[str, float]) -> Prediction:
+        """The same cycle with each level's time multiplied by its model's scale."""
+        level_ns = tuple(ns * scales.get(m, 1.0) for ns, m in zip(self.level_ns, self.chain))
+        return dataclasses.replace(self, cost_ns=self.scaled_cost_ns(scales), level_ns=level_ns)
 
 
 def accepted_distribution(incoming: Sequence[float], rates: Sequence[float]) -> tuple[list[float], float]:
@@ -162,7 +172,7 @@ def expected_max_normal(n: int) -> float:
     return total
 
 
-def tail_factor(prediction: Prediction, solo_cost_ns: float, tokens_left: float) -> float:
+def tail_factor(prediction: Prediction, solo_cost_ns: float, tokens_left: float, cost_ns: float | None = None) -> float:
     """What running `prediction`'s configuration until the rows finish costs per token, over its T_eff.
 
     T_eff counts a cycle's tokens as if every one were wanted and every row stayed to the end. Two things
@@ -179,16 +189,17 @@ def tail_factor(prediction: Prediction, solo_cost_ns: float, tokens_left: float)
       maximum of B standard normals.
 
     Per emitted token of a row that is T_eff times (r + overshoot) / r + (a / cost(B)) e_B sigma / sqrt(r mu).
-    `tokens_left`: the mean over the batch's rows; 1 when nothing is left.
+    `tokens_left`: the mean over the batch's rows; 1 when nothing is left. `cost_ns`: the cycle's cost
+    when it is not the prediction's own (scaled to what the batch's passes measure).
     """
     if tokens_left <= 0:
         return 1.0
     mu, var = prediction.emitted, prediction.emitted_var
     factor = 1.0 + (var + mu * mu - mu) / (2 * mu) / tokens_left
-    batch = prediction.batch_size
+    batch, cost = prediction.batch_size, prediction.cost_ns if cost_ns is None else cost_ns
     if batch > 1:
-        fixed = (batch * solo_cost_ns - prediction.cost_ns) / (batch - 1)
-        share = min(1.0, max(0.0, fixed / prediction.cost_ns))
+        fixed = (batch * solo_cost_ns - cost) / (batch - 1)
+        share = min(1.0, max(0.0, fixed / cost))
         factor += share * expected_max_normal(batch) * math.sqrt(var / (tokens_left * mu))
     return factor
 

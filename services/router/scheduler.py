@@ -35,6 +35,14 @@ up (`batch_odds_up`): rows that drafted worse stay worse (they are what a wave's
 a streak of easy tokens mostly ends (greedy cycles after one predicted 2-4x the tokens they emitted).
 A shift not yet planned is planned by the background planner, the nearest planned one serving meanwhile.
 
+Forward times depend on more than the batch size and tokens per row the profiler keys them by: a
+pass over long contexts (a prompt of literal tables) costs the target twice what a short one does, and
+the profiler's figures are averages over whatever ran lately. So the scheduler keeps, per model and
+context length (the batch's longest row, in powers of two), the EMA (`context_alpha`, one sample per
+cycle) of its passes' measured time over what the latency table in use predicted for them, and a
+batch's candidates have each level scaled by its model's ratio at the batch's context length (once
+`context_min_cycles` cycles measured it; within `context_scale_range`).
+
 The router's own costs (one round trip per level, its work between calls) are measured here from each
 cycle's wall times, as EMAs with `overhead_alpha`, and added to every prediction.
 """
@@ -84,6 +92,9 @@ class SchedulerSettings(BaseModel):
     batch_prior_checks: float = 64.0    # pseudo-checks at the predicted rate in a batch's own rate
     row_memory: float = 0.9             # weight a row's acceptance record keeps a cycle (~10 cycles)
     tail_weight: float = 1.0            # weight of the overshoot and the rows' finishing spread (0: T_eff only)
+    context_alpha: float = 0.1          # EMA constant of forward times over the latency table's, per context length
+    context_min_cycles: int = 5         # ... used once this many cycles measured it
+    context_scale_range: tuple[float, float] = (0.5, 2.5)   # ... and kept within this range
 
 
 def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> list[tuple[str, ...]]:
@@ -155,6 +166,12 @@ def _row_tokens_left(row: Row) -> int:
     return row.max_new_tokens - (len(row.tokens) - row.prompt_len)
 
 
+def context_bucket(rows: Sequence[Row]) -> int:
+    """The batch's longest row (prompt and generated tokens), rounded up to a power of two."""
+    longest = max((len(r.tokens) for r in rows), default=1)
+    return 1 << max(0, longest - 1).bit_length()
+
+
 Score = Callable[[Prediction], float]
 
 
@@ -163,14 +180,15 @@ def _t_eff(p: Prediction) -> float:
 
 
 class _Ema:
-    __slots__ = ("alpha", "value", "weight")
+    __slots__ = ("alpha", "value", "weight", "count")
 
     def __init__(self, alpha: float):
-        self.alpha, self.value, self.weight = alpha, 0.0, 0.0
+        self.alpha, self.value, self.weight, self.count = alpha, 0.0, 0.0, 0
 
     def add(self, x: float) -> None:
         self.value = (1 - self.alpha) * self.value + self.alpha * x
         self.weight = (1 - self.alpha) * self.weight + self.alpha
+        self.count += 1
 
     def get(self, default: float = 0.0) -> float:
         return self.value / self.weight if self.weight > 0 else default
@@ -240,6 +258,7 @@ class Scheduler:
         alpha = self.settings.overhead_alpha
         self._call_overhead: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(alpha))
         self._cycle_overhead: dict[int, _Ema] = defaultdict(lambda: _Ema(alpha))
+        self._context_scale: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(self.settings.context_alpha))
         self.lock = threading.RLock()   # plans made inline (under the lock) read the overheads too
         self.decision_ns = _Ema(0.01)
         self.cycle_ns = _Ema(0.01)
@@ -405,29 +424,53 @@ class Scheduler:
         shift = batch_shift(rows, s.batch_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
         if shift:
             plan = self.plan(greedy, len(rows) - greedy, shift)
+        scales = self._latency_scales(rows)
         score: Score = _t_eff
+        solo = None
         if s.tail_weight > 0 and rows:   # with the same cycles for one row of the batch's main mode
             main = 2 * greedy >= len(rows)
             solo = plan if len(rows) == 1 else self.plan(1 if main else 0, 0 if main else 1, shift)
-            score = self._tail_score(solo, rows)
-        decision = self._decide_in(plan, state, rows, greedy, chain, window, score)
+        if solo is not None or scales:
+            score = self._score(rows, scales, solo)
+        decision = self._decide_in(plan, state, rows, greedy, chain, window, score, scales)
+        if decision.prediction is not None and scales:
+            decision.prediction = decision.prediction.scaled(scales)
         decision.base = base.by_key.get((decision.chain, decision.window))
         return decision
 
-    def _tail_score(self, solo: Plan, rows: Sequence[Row]) -> Score:
-        """T_eff times the weighted cost of the rows' spread (cost_model.tail_factor)."""
+    def _latency_scales(self, rows: Sequence[Row]) -> dict[str, float]:
+        """Per model, its passes over the latency table's at the batch's context length, where measured."""
+        context = context_bucket(rows)
+        low, high = self.settings.context_scale_range
+        scales = {}
+        for model in self.models:
+            known = self._context_scale.get((model, context))
+            if known is not None and known.count >= self.settings.context_min_cycles:
+                scales[model] = min(high, max(low, known.get()))
+        return scales
+
+    def _score(self, rows: Sequence[Row], scales: Mapping[str, float], solo: Plan | None) -> Score:
+        """T_eff with the batch's latency scales, times the weighted cost of the rows' overshoot and spread
+        (cost_model.tail_factor) when `solo` (the one-row plan) is given."""
         left = sum(_row_tokens_left(r) for r in rows) / len(rows)
         weight = self.settings.tail_weight
+        memo: dict[int, float] = {}
 
         def score(p: Prediction) -> float:
-            one = solo.by_key.get((p.chain, p.window))
-            if one is None:
-                return p.t_eff_ns
-            return p.t_eff_ns * (1 + weight * (tail_factor(p, one.cost_ns, left) - 1))
+            hit = memo.get(id(p))
+            if hit is None:
+                cost = p.scaled_cost_ns(scales)
+                hit = cost / p.emitted
+                one = solo.by_key.get((p.chain, p.window)) if solo is not None else None
+                if one is not None:
+                    hit *= 1 + weight * (tail_factor(p, one.scaled_cost_ns(scales), left, cost) - 1)
+                memo[id(p)] = hit
+            return hit
         return score
 
     def _decide_in(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
-                   chain: tuple[str, ...] | None, window: int, score: Score = _t_eff) -> Decision:
+                   chain: tuple[str, ...] | None, window: int, score: Score = _t_eff,
+                   scales: Mapping[str, float] | None = None) -> Decision:
         s = self.settings
         state.cycles += 1
         self._cycles += 1
@@ -450,11 +493,11 @@ class Scheduler:
                 self._last_explore_cycle = self._cycles
                 self.counts["explorations"] += 1
                 return explore
-        state.current = decision = self._settle(plan, state.current, candidates, rows, chain is None, score)
+        state.current = decision = self._settle(plan, state.current, candidates, rows, chain is None, score, scales)
         return decision
 
     def _settle(self, plan: Plan, current: Decision | None, candidates: Sequence[Prediction], rows: Sequence[Row],
-                chain_free: bool, score: Score = _t_eff) -> Decision:
+                chain_free: bool, score: Score = _t_eff, scales: Mapping[str, float] | None = None) -> Decision:
         """The hysteresis: the standing choice, its window moved or its chain switched only when worth it.
         `candidates`: the allowed predictions, least `score` first."""
         s = self.settings
@@ -470,7 +513,8 @@ class Scheduler:
         target = same if not allowed or score(same) < score(kept) * (1 - s.hysteresis) else kept
         if best.chain != kept.chain and chain_free:
             horizon = min(s.switch_horizon_cycles, max(1.0, _tokens_left(rows) / best.emitted))
-            best_t = score(best) * (1 + self._catch_up_ns(plan, best.chain, rows) / horizon / best.cost_ns)
+            catch_up = self._catch_up_ns(plan, best.chain, rows, scales or {})
+            best_t = score(best) * (1 + catch_up / horizon / best.scaled_cost_ns(scales or {}))
             # dropping levels brings in no model that sat out: it is as cheap and as sure as a window change
             margin = s.chain_hysteresis if set(best.chain) - set(kept.chain) else s.hysteresis
             if best_t < score(target) * (1 - margin):
@@ -499,21 +543,41 @@ class Scheduler:
                 return Decision(p.chain, window, prediction)
         return None
 
-    def _catch_up_ns(self, plan: Plan, chain: Sequence[str], rows: Sequence[Row]) -> float:
+    def _catch_up_ns(self, plan: Plan, chain: Sequence[str], rows: Sequence[Row],
+                     scales: Mapping[str, float] | None = None) -> float:
         """Extra cost of the models in `chain` that must first feed the tokens they missed."""
         extra = 0.0
         for model in chain:
             lag = max((len(r.tokens) - r.seen.get(model, len(r.tokens)) for r in rows), default=0)
             if lag > 2:
-                extra += plan.latency(model, len(rows), lag) - plan.latency(model, len(rows), 1)
+                scale = (scales or {}).get(model, 1.0)
+                extra += scale * (plan.latency(model, len(rows), lag) - plan.latency(model, len(rows), 1))
         return max(extra, 0.0)
 
     # -- measurements ---------------------------------------------------------------------------------
 
+    def _observe_latency(self, report: CycleReport, rows: Sequence[Row]) -> None:
+        """Each model's passes this cycle over what the latency table in use predicts for them."""
+        table = self._inputs[2] if self._inputs is not None else None
+        if table is None or not rows:
+            return
+        context = context_bucket(rows)
+        for model, result in report.results.items():
+            measured = predicted = 0.0
+            for t in result.timings:
+                if t.forward_ns > 0 and model in table.models():
+                    measured += t.forward_ns
+                    predicted += table(model, t.batch_size, t.tokens_per_row)
+            if measured <= 0 or predicted <= 0:
+                continue
+            self._context_scale[(model, context)].add(measured / predicted)
+
     def observe(self, report: CycleReport, rows: Sequence[Row], cycle_ns: int, auto: bool,
                 decision: Decision | None = None) -> None:
-        """One finished cycle: the router's own costs, and the measured against the predicted figures."""
+        """One finished cycle: the router's own costs, its passes against the latency table, and the
+        measured against the predicted figures."""
         with self.lock:
+            self._observe_latency(report, rows)
             calls = 0
             for model, result in report.results.items():
                 wall = report.call_ns.get(model, 0)

@@ -378,3 +378,46 @@ def test_a_batch_is_planned_for_how_its_rows_finish() -> None:
     assert window(16, 60, 1.0) < plain
     assert window(16, 12, 1.0) < window(16, 60, 1.0)
     assert window(4, 12, 1.0) < window(4, 12, 0.0)
+
+
+def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> None:
+    """Passes over these rows' context cost the target twice what the profiler's table says: once enough
+    cycles measured it, a batch of that context length has its target level scaled by it, its drafter's
+    level not (as the table says), and a batch of another context length nothing."""
+    from specrouter.router.chain import CycleReport
+    from specrouter.worker.engine import StepResult
+    from specrouter.worker.forward import ForwardTiming
+
+    sched, _ = make({("a", "t"): 0.6, ("b", "t"): 0.5, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9,
+                    context_min_cycles=3)
+    batch = FakeBatch(4)
+    chain, window = sched.choose(batch)
+    assert chain == ("a", "t")
+    plan = sched.plan(4, 0)
+    table = sched._inputs[2]
+    rows = list(batch.rows.values())
+    passes = {"t": [ForwardTiming(int(2 * table("t", 4, window + 1)), 4, window + 1, 4)],
+              "a": [ForwardTiming(int(table("a", 4, 1)), 4, 1, 4)] * window}
+    report = CycleReport(chain, window, emitted={r.row_id: [5] for r in rows}, accepted={"t": [1] * 4},
+                         proposed={"t": [window] * 4},
+                         results={m: StepResult([], [], timings=t) for m, t in passes.items()})
+
+    def scaled_and_raw(b):
+        sched.choose(b)
+        p = sched.decision_for(b).prediction
+        return p, plan.by_key[(p.chain, p.window)]
+
+    for cycle in range(3):
+        p, raw = scaled_and_raw(batch)
+        assert p == raw                                           # not before 3 cycles measured it
+        sched.observe(report, rows, 100_000_000, True, sched.decision_for(batch))
+    p, raw = scaled_and_raw(FakeBatch(4))                         # any batch of that context length
+    assert p.chain == ("a", "t")
+    assert p.level_ns[1] == pytest.approx(2 * raw.level_ns[1])   # the target's level, as its passes measured
+    assert p.level_ns[0] == pytest.approx(raw.level_ns[0])       # the drafter's, as the table says
+    assert p.cost_ns == pytest.approx(raw.cost_ns + raw.level_ns[1])
+    longer = FakeBatch(4)
+    for r in longer.rows.values():
+        r.tokens += [7] * 40                                         # 43 tokens: another context length
+    p, raw = scaled_and_raw(longer)
+    assert p == raw
