@@ -30,7 +30,9 @@ worse (the rows left at the end of a wave are the ones that drafted worst: they 
 Each row keeps a record of its accepted tokens against the prediction it ran under (decayed by
 `row_memory` a cycle); over the batch's rows, shrunk by `batch_prior_checks` checks towards the
 prediction, it gives the batch's shift in log-odds, rounded to `batch_odds_step`, and the batch is
-planned with every acceptance rate shifted by it. The shift goes further down (`batch_odds_down`) than
+planned with the acceptance of the pairs its standing chain runs shifted by it (the record is about
+those: on repetitive text the rows beat the pool by the cap on 1m -> 29m while 5m -> 29m, shifted
+alike, was predicted 0.92 and realized 0.77-0.85). The shift goes further down (`batch_odds_down`) than
 up (`batch_odds_up`): rows that drafted worse stay worse (they are what a wave's tail is made of), while
 a streak of easy tokens mostly ends (greedy cycles after one predicted 2-4x the tokens they emitted).
 A shift not yet planned is planned by the background planner, the nearest planned one serving meanwhile.
@@ -173,6 +175,7 @@ def context_bucket(rows: Sequence[Row]) -> int:
 
 
 Score = Callable[[Prediction], float]
+PlanKey = tuple[int, int, int, "frozenset[tuple[str, str]] | None"]
 
 
 def _t_eff(p: Prediction) -> float:
@@ -248,7 +251,7 @@ class Scheduler:
         self._warmup = dict(warmup or {})
         self._offline = list(offline_similarity)
         self._clock = clock
-        self._plans: dict[tuple[int, int, int], Plan] = {}   # (greedy, sampling, batch shift) -> plan
+        self._plans: dict[PlanKey, Plan] = {}   # (greedy, sampling, batch shift, pairs it shifts) -> plan
         self._batches: weakref.WeakKeyDictionary[ChainBatch, _BatchState] = weakref.WeakKeyDictionary()
         self._version = 0
         self._inputs: tuple[int, AcceptanceEstimates, LatencyTable] | None = None   # of snapshot version
@@ -266,7 +269,7 @@ class Scheduler:
         self.planning_ns = 0                      # time spent planning, all threads
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
-        self._wanted: dict[tuple[int, int, int], float] = {}   # plan key -> last time a decision needed it
+        self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
         self._stop = threading.Event()
         self._planner: threading.Thread | None = None
         self.ledgers: dict[tuple[tuple[str, ...], int, int, bool], Ledger] = defaultdict(Ledger)
@@ -329,24 +332,28 @@ class Scheduler:
 
         return (bucket(greedy_rows) if greedy_rows else 0), (bucket(sampling_rows) if sampling_rows else 0)
 
-    def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0) -> Plan:
-        """The ranking for a batch composition (with its acceptance shifted by `shift` steps): the standing
-        plan, made now if there is none (or it is stale and no planner thread runs). A shift the planner
-        thread has not planned yet is left to it; the nearest planned shift serves meanwhile."""
-        key = (*self.composition(greedy_rows, sampling_rows), shift)
+    def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
+             pairs: frozenset[tuple[str, str]] | None = None) -> Plan:
+        """The ranking for a batch composition (with the acceptance of `pairs`, every pair if None, shifted
+        by `shift` steps): the standing plan, made now if there is none (or it is stale and no planner
+        thread runs). A shift the planner thread has not planned yet is left to it; the nearest planned
+        shift serves meanwhile."""
+        key: PlanKey = (*self.composition(greedy_rows, sampling_rows), shift, pairs if shift else None)
         self._wanted[key] = self._clock()
         plan = self._plans.get(key)
         planner_running = self._planner is not None and self._planner.is_alive()
         if plan is None and shift and planner_running:
-            near = [k for k in self._plans if k[:2] == key[:2]]
+            near = [k for k in self._plans if k[:2] == key[:2] and k[3] in (key[3], None)]
             if near:
                 return self._plans[min(near, key=lambda k: abs(k[2] - shift))]
         if plan is None or (not planner_running and self._stale(plan)):
             plan = self._plans[key] = self._make_plan(*key)
         return plan
 
-    def _make_plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0, pause: bool = False) -> Plan:
-        """The ranking for one composition, every acceptance rate shifted by `shift` steps of log-odds. With
+    def _make_plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
+                   pairs: frozenset[tuple[str, str]] | None = None, pause: bool = False) -> Plan:
+        """The ranking for one composition, the acceptance rates of `pairs` (every pair if None) shifted by
+        `shift` steps of log-odds. With
         `pause` (the planner thread), the GIL is offered after every chain, so that the cycle thread
         waiting on a worker's reply gets it at once, not after the interpreter's switch interval."""
         started = time.perf_counter_ns()
@@ -375,7 +382,9 @@ class Scheduler:
             groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in chain_pairs(chain)]
                             for mode, n in ((GREEDY, greedy_rows), (SAMPLING, sampling_rows)) if n}
             if shift:
-                groups_rates = {mode: [[shifted(a, log_odds) for a in rates] for rates in per_pair]
+                moved = [pairs is None or pair in pairs for pair in chain_pairs(chain)]
+                groups_rates = {mode: [[shifted(a, log_odds) for a in rates] if move else rates
+                                       for rates, move in zip(per_pair, moved)]
                                 for mode, per_pair in groups_rates.items()}
             groups = [RowGroup(n, groups_rates[mode]) for mode, n in ((GREEDY, greedy_rows), (SAMPLING, sampling_rows))
                       if n]
@@ -422,14 +431,16 @@ class Scheduler:
         greedy = sum(1 for r in rows if r.sampling.greedy)
         base = plan = self.plan(greedy, len(rows) - greedy)
         shift = batch_shift(rows, s.batch_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
+        # the rows' record is of the pairs they ran: the standing chain's
+        pairs = frozenset(chain_pairs(state.current.chain)) if state.current is not None else None
         if shift:
-            plan = self.plan(greedy, len(rows) - greedy, shift)
+            plan = self.plan(greedy, len(rows) - greedy, shift, pairs)
         scales = self._latency_scales(rows)
         score: Score = _t_eff
         solo = None
         if s.tail_weight > 0 and rows:   # with the same cycles for one row of the batch's main mode
             main = 2 * greedy >= len(rows)
-            solo = plan if len(rows) == 1 else self.plan(1 if main else 0, 0 if main else 1, shift)
+            solo = plan if len(rows) == 1 else self.plan(1 if main else 0, 0 if main else 1, shift, pairs)
         if solo is not None or scales:
             score = self._score(rows, scales, solo)
         decision = self._decide_in(plan, state, rows, greedy, chain, window, score, scales)

@@ -421,3 +421,27 @@ def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> No
         r.tokens += [7] * 40                                         # 43 tokens: another context length
     p, raw = scaled_and_raw(longer)
     assert p == raw
+
+
+def test_a_batch_shift_moves_only_the_pairs_its_rows_ran() -> None:
+    """The rows' record is of the standing chain's pairs: a batch beating the prediction on (a, t) is
+    planned with (a, t) shifted, while chains of other pairs keep the pool's rates."""
+    from specrouter.router.scheduler import chain_pairs
+
+    sched, _ = make({("a", "t"): 0.6, ("b", "t"): 0.6, ("a", "b"): 0.6, ("b", "a"): 0.6}, explore_after_s=1e9)
+    batch = FakeBatch(2)
+    chain, _ = sched.choose(batch)
+    assert chain == ("a", "t")
+    for r in batch.rows.values():
+        r.acceptance_record[:] = [90.0, 100.0, 60.0, 100.0]
+    sched.choose(batch)
+    (key,) = [k for k in sched._plans if k[2] != 0 and k[0] == 2]   # (the one-row plan is shifted too)
+    assert key[2] > 0 and key[3] == frozenset({("a", "t")})
+    shifted_plan, base = sched._plans[key], sched.plan(2, 0)
+    for p in shifted_plan.predictions:
+        if len(p.chain) == 1:
+            continue
+        if ("a", "t") in chain_pairs(p.chain):
+            assert p.emitted > base.by_key[(p.chain, p.window)].emitted
+        else:
+            assert p.emitted == base.by_key[(p.chain, p.window)].emitted
