@@ -207,6 +207,25 @@ def test_latency_table_keeps_a_well_measured_point_off_the_line() -> None:
     assert warm("m", 1, 1) == 29.0     # the single-token regime is taken as measured
 
 
+def test_latency_table_never_makes_more_tokens_cheaper() -> None:
+    """Points measured at batch 16 (the target of the demo pool, ms: EMAs over mixed prompts) that fall
+    with k are pooled: the table is nondecreasing in k, a pooled pair sits at the weighted mean of its
+    shrunk values, and monotone points are left as they were."""
+    measured = {1: 86.7, 3: 93.7, 4: 81.2, 5: 85.1, 6: 98.9, 7: 92.2, 8: 98.8, 9: 107.3, 10: 115.6}
+    table = LatencyTable({"m": {(16, k): (ms, 32.0) for k, ms in measured.items()}})
+    values = [table("m", 16, k) for k in range(1, 17)]
+    assert all(a <= b + 1e-9 for a, b in zip(values, values[1:])), values
+    line, _ = table._by_batch["m"][16]
+    shrunk = {k: (32 * measured[k] + 8 * (line[0] + line[1] * k)) / 40 for k in (6, 7)}
+    assert table("m", 16, 6) == table("m", 16, 7) == pytest.approx((shrunk[6] + shrunk[7]) / 2)
+    assert table("m", 16, 1) == 86.7                       # below every longer pass: as measured
+    rising = {(1, k): (10.0 + 2.0 * k + (0.5 if k % 2 else 0.0), 32.0) for k in range(1, 9)}
+    plain = LatencyTable({"m": rising})
+    line, _ = plain._by_batch["m"][1]
+    for k in range(2, 9):
+        assert plain("m", 1, k) == pytest.approx((32 * rising[(1, k)][0] + 8 * (line[0] + line[1] * k)) / 40)
+
+
 def test_warm_up_points_are_scaled_to_what_live_passes_cost() -> None:
     from specrouter.router.estimates import latency_table, warmup_scale
     from specrouter.v1 import profiler_pb2 as ppb
