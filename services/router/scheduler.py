@@ -57,6 +57,7 @@ import logging
 import math
 import threading
 import time
+import types
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -176,6 +177,9 @@ def context_bucket(rows: Sequence[Row]) -> int:
 
 Score = Callable[[Prediction], float]
 PlanKey = tuple[int, int, int, "frozenset[tuple[str, str]] | None"]
+
+
+NO_SCALES: Mapping[str, float] = types.MappingProxyType({})   # every model as the latency table says
 
 
 def _t_eff(p: Prediction) -> float:
@@ -481,7 +485,7 @@ class Scheduler:
 
     def _decide_in(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
                    chain: tuple[str, ...] | None, window: int, score: Score = _t_eff,
-                   scales: Mapping[str, float] | None = None) -> Decision:
+                   scales: Mapping[str, float] = NO_SCALES) -> Decision:
         s = self.settings
         state.cycles += 1
         self._cycles += 1
@@ -508,7 +512,7 @@ class Scheduler:
         return decision
 
     def _settle(self, plan: Plan, current: Decision | None, candidates: Sequence[Prediction], rows: Sequence[Row],
-                chain_free: bool, score: Score = _t_eff, scales: Mapping[str, float] | None = None) -> Decision:
+                chain_free: bool, score: Score = _t_eff, scales: Mapping[str, float] = NO_SCALES) -> Decision:
         """The hysteresis: the standing choice, its window moved or its chain switched only when worth it.
         `candidates`: the allowed predictions, least `score` first."""
         s = self.settings
@@ -524,8 +528,8 @@ class Scheduler:
         target = same if not allowed or score(same) < score(kept) * (1 - s.hysteresis) else kept
         if best.chain != kept.chain and chain_free:
             horizon = min(s.switch_horizon_cycles, max(1.0, _tokens_left(rows) / best.emitted))
-            catch_up = self._catch_up_ns(plan, best.chain, rows, scales or {})
-            best_t = score(best) * (1 + catch_up / horizon / best.scaled_cost_ns(scales or {}))
+            catch_up = self._catch_up_ns(plan, best.chain, rows, scales)
+            best_t = score(best) * (1 + catch_up / horizon / best.scaled_cost_ns(scales))
             # dropping levels brings in no model that sat out: it is as cheap and as sure as a window change
             margin = s.chain_hysteresis if set(best.chain) - set(kept.chain) else s.hysteresis
             if best_t < score(target) * (1 - margin):
@@ -555,13 +559,13 @@ class Scheduler:
         return None
 
     def _catch_up_ns(self, plan: Plan, chain: Sequence[str], rows: Sequence[Row],
-                     scales: Mapping[str, float] | None = None) -> float:
+                     scales: Mapping[str, float] = NO_SCALES) -> float:
         """Extra cost of the models in `chain` that must first feed the tokens they missed."""
         extra = 0.0
         for model in chain:
             lag = max((len(r.tokens) - r.seen.get(model, len(r.tokens)) for r in rows), default=0)
             if lag > 2:
-                scale = (scales or {}).get(model, 1.0)
+                scale = scales.get(model, 1.0)
                 extra += scale * (plan.latency(model, len(rows), lag) - plan.latency(model, len(rows), 1))
         return max(extra, 0.0)
 
