@@ -229,6 +229,9 @@ def scheduler_report(
     windows: str = typer.Option("1,2,3,4,5,6,7,8", help="Draft windows of the static configurations."),
     max_new_tokens: int = typer.Option(48, help="Tokens per request."),
     repeats: int = typer.Option(1, help="Measured passes over every configuration (median reported)."),
+    runoff_passes: int = typer.Option(2, help="Further passes of adaptive, target-only and the fastest statics, "
+                                              "which the checks compare (0: none)."),
+    runoff_top: int = typer.Option(2, help="Fastest statics of the screening that go to the run-off."),
     per_kind: int = typer.Option(16, help="Built-in prompts per workload kind."),
     requests: int = typer.Option(8, help="Requests per workload and batch size (whole waves of the batch size, two at least)."),
     temperature: float = typer.Option(0.0, help="0: greedy; > 0: sampling."),
@@ -249,8 +252,10 @@ def scheduler_report(
     from specrouter.report.scheduler_report import ReportSettings, SchedulerReport, format_report, log_line
 
     _logging(verbose)
-    if repeats < 1 or max_new_tokens < 1:
-        _fail("INVALID_ARGUMENT", "--repeats and --max-new-tokens must be >= 1")
+    if repeats < 1 or max_new_tokens < 1 or runoff_top < 1:
+        _fail("INVALID_ARGUMENT", "--repeats, --max-new-tokens and --runoff-top must be >= 1")
+    if runoff_passes < 0:
+        _fail("INVALID_ARGUMENT", "--runoff-passes must be >= 0 (0: no run-off)")
     pair = None
     if switching:
         if ">" not in switching:
@@ -266,7 +271,8 @@ def scheduler_report(
         _fail("INVALID_ARGUMENT", f"--switching {switching!r} names kinds not among the prompts' {sorted(kinds)}")
     settings = ReportSettings(batch_sizes=_int_list(batch_sizes, "batch-sizes"), windows=_int_list(windows, "windows"),
                               max_new_tokens=max_new_tokens, repeats=repeats, requests=requests,
-                              temperature=temperature, switching=pair,
+                              temperature=temperature, switching=pair, runoff_passes=runoff_passes,
+                              runoff_top=runoff_top,
                               switching_batch_sizes=_int_list(switching_batch_sizes, "switching-batch-sizes"))
     cluster = None
     try:

@@ -44,3 +44,20 @@ def test_checks_apply_the_stated_thresholds() -> None:
     worse = _checks([_run("code", 0.949, 0.969, False), _run("switching:a>b", 1.2, 2.0, False)],
                     [{"in_use": True, "predicted": 0.80, "realized": 0.851}])
     assert not any(worse.values())
+
+
+def test_checks_judge_a_run_by_its_runoff_where_it_has_one() -> None:
+    lucky_screening = _run("code", 0.90, 0.96, False)     # fails on the screening's figures ...
+    lucky_screening["runoff"] = {"adaptive_over_best_static": 0.97, "adaptive_over_target_only": 1.2,
+                                 "adaptive_beats_every_static": True}   # ... passes on the run-off's
+    checks = _checks([lucky_screening], [])
+    assert checks["adaptive_within_5pct_of_best_static"] and checks["adaptive_at_most_3pct_slower_than_target_only"]
+    lost = _run("code", 1.0, 1.5, True)
+    lost["runoff"] = {"adaptive_over_best_static": 0.94, "adaptive_over_target_only": 0.96,
+                      "adaptive_beats_every_static": False}
+    switching = _run("switching:a>b", 1.1, 1.5, True)
+    switching["runoff"] = dict(lost["runoff"])
+    checks = _checks([lost, switching], [])
+    assert not checks["adaptive_within_5pct_of_best_static"]
+    assert not checks["adaptive_at_most_3pct_slower_than_target_only"]
+    assert not checks["switching_adaptive_beats_every_static"]

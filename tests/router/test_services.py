@@ -336,7 +336,7 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
                                  [("code", "def f(x):\n"), ("code", "import os\n"), ("prose", "The weather was")]))
     out = subprocess.run([sys.executable, "-m", "specrouter.cli", "scheduler-report", "--router", cluster[1],
                           "--prompts", str(prompts), "--batch-sizes", "1,2", "--windows", "2", "--repeats", "1",
-                          "--max-new-tokens", "6", "--requests", "2", "--switching", "code>prose",
+                          "--runoff-passes", "1", "--runoff-top", "1", "--max-new-tokens", "6", "--requests", "2", "--switching", "code>prose",
                           "--out", str(tmp_path / "report"), "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
@@ -353,6 +353,13 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
             if run["batch_size"] == 1:
                 assert x["cycles_at_batch_size"] == x["cycles"]
                 assert x["measured_t_eff_ms"] == pytest.approx(x["measured_t_eff_all_cycles_ms"])
+        runoff = run["runoff"]   # adaptive, target-only and the screening's fastest static, measured again
+        screened = max(run["static"][1:], key=lambda x: x["tokens_per_s"])
+        assert [(x["chain"], x["window"]) for x in runoff["static"]] == \
+            [(run["static"][0]["chain"], 0), (screened["chain"], screened["window"])]
+        assert runoff["passes"] == 1 and len(runoff["adaptive_tokens_per_s_runs"]) == 1
+        assert runoff["adaptive_over_best_static"] == pytest.approx(
+            runoff["adaptive_tokens_per_s"] / max(x["tokens_per_s"] for x in runoff["static"]))
         chosen = run["adaptive"]["per_config"]   # every cycle of adaptive, by what it chose
         assert sum(c["cycles"] for c in chosen.values()) == run["adaptive"]["cycles"] > 0
         assert all(c["predicted_emitted"] >= 1 and c["measured_cycle_ms"] > 0 for c in chosen.values())

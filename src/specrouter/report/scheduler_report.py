@@ -22,6 +22,13 @@ faster. Both are reported.
 
 A switching run sends the requests of one kind, then of another, as one stream; every static
 configuration and the adaptive scheduler run it the same way.
+
+The best of many configurations measured once is biased upwards: on a shared 2-core machine one
+configuration measures 5-10% apart from one pass to the next, and among 17 statics several are within
+that of each other, so the plain best is partly the luckiest. The run-off settles it: after the
+screening passes, `runoff_passes` more passes run `auto`, target-only and the `runoff_top` fastest
+statics of the screening (picked there, measured afresh, so the pick does not inflate the figure), again
+wave by wave; the checks compare those. Both the screening and the run-off figures are reported.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ class ReportSettings:
     switching: tuple[str, str] | None = ("prose", "repetitive")
     switching_batch_sizes: Sequence[int] = (1,)
     seed: int = 1234
+    runoff_passes: int = 2     # passes of auto, target-only and the top statics after screening (0: none)
+    runoff_top: int = 2        # statics fastest in the screening that go to the run-off
 
 
 @dataclass(frozen=True)
@@ -226,19 +235,54 @@ class SchedulerReport:
         waves = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
         self._generate(adaptive, waves[0], batch, s.seed)  # warm-up: the metrics learn this workload
         for repeat in range(s.repeats):
-            for i, wave in enumerate(waves):
-                order = list(statics)
-                random.Random(s.seed * 1_000_003 + repeat * 1009 + i).shuffle(order)
-                for config in [adaptive, *order]:
-                    self._run(config, wave, batch, measured[config], s.seed + i * batch)
-                best = max(statics, key=lambda c: measured[c].tokens / measured[c].seconds)
-                rate = lambda c: measured[c].tokens / measured[c].seconds  # noqa: E731
-                step(f"{kind} B={batch} wave {i + 1}/{len(waves)}: adaptive {rate(adaptive):.1f} tok/s, best static "
-                     f"{best.label()} {rate(best):.1f}, target-only {rate(statics[0]):.1f} (so far)")
-            for m in measured.values():
-                m.tokens_per_s.append(m.tokens / m.seconds)
-                m.tokens, m.seconds = 0, 0.0
-        return self._summarise(kind, batch, len(prompts), measured)
+            self._pass(adaptive, statics, waves, batch, measured, repeat, f"{kind} B={batch}", step)
+        summary = self._summarise(kind, batch, len(prompts), measured)
+        if s.runoff_passes > 0:
+            summary["runoff"] = self._runoff(kind, waves, batch, measured, step)
+        return summary
+
+    def _pass(self, adaptive: Config, statics: Sequence[Config], waves: Sequence[Sequence[str]], batch: int,
+              measured: dict[Config, Measured], repeat: int, name: str, step: Callable[[str], None]) -> None:
+        """One pass over the waves: per wave, `adaptive` first, then `statics` in a shuffled order."""
+        s = self.settings
+        rate = lambda c: measured[c].tokens / measured[c].seconds  # noqa: E731
+        for i, wave in enumerate(waves):
+            order = list(statics)
+            random.Random(s.seed * 1_000_003 + repeat * 1009 + i).shuffle(order)
+            for config in [adaptive, *order]:
+                self._run(config, wave, batch, measured[config], s.seed + i * batch)
+            best = max(statics, key=rate)
+            step(f"{name} wave {i + 1}/{len(waves)}: adaptive {rate(adaptive):.1f} tok/s, best static "
+                 f"{best.label()} {rate(best):.1f}, target-only {rate(statics[0]):.1f} (so far)")
+        for m in measured.values():
+            m.tokens_per_s.append(m.tokens / m.seconds)
+            m.tokens, m.seconds = 0, 0.0
+
+    def _runoff(self, kind: str, waves: Sequence[Sequence[str]], batch: int, screened: dict[Config, Measured],
+                step: Callable[[str], None]) -> dict:
+        """`runoff_passes` fresh passes of adaptive, target-only and the `runoff_top` fastest statics of the
+        screening; ratios over the run-off's tokens and seconds alone."""
+        s = self.settings
+        configs = list(screened)
+        adaptive, target_only = configs[-1], configs[0]
+        speed = {c: statistics.median(m.tokens_per_s) for c, m in screened.items()}
+        top = sorted(configs[1:-1], key=lambda c: -speed[c])[: s.runoff_top]
+        finalists = [target_only, *top]
+        measured = {c: Measured() for c in [*finalists, adaptive]}
+        for repeat in range(s.runoff_passes):
+            self._pass(adaptive, finalists, waves, batch, measured, s.repeats + repeat,
+                       f"{kind} B={batch} run-off {repeat + 1}/{s.runoff_passes}", step)
+        rate = {c: sum(t for t, _ in m.waves) / sum(x for _, x in m.waves) for c, m in measured.items()}
+        statics = [{"chain": list(c.chain), "window": c.window, "tokens_per_s": rate[c],
+                    "tokens_per_s_runs": measured[c].tokens_per_s, "screening_tokens_per_s": speed[c]}
+                   for c in finalists]
+        best = max(statics, key=lambda x: x["tokens_per_s"])
+        return {"passes": s.runoff_passes, "adaptive_tokens_per_s": rate[adaptive],
+                "adaptive_tokens_per_s_runs": measured[adaptive].tokens_per_s,
+                "static": statics, "best_static": {k: best[k] for k in ("chain", "window", "tokens_per_s")},
+                "adaptive_over_best_static": rate[adaptive] / best["tokens_per_s"],
+                "adaptive_over_target_only": rate[adaptive] / rate[target_only],
+                "adaptive_beats_every_static": rate[adaptive] > best["tokens_per_s"]}
 
     def _summarise(self, kind: str, batch: int, requests: int, measured: dict[Config, Measured]) -> dict:
         def t_eff(m: Measured) -> float | None:
@@ -321,7 +365,7 @@ class SchedulerReport:
             for batch in s.switching_batch_sizes:
                 n = _requests(s.requests, batch)
                 plans.append((f"switching:{a}>{b}", _take(kinds[a], n) + _take(kinds[b], n), batch))
-        total = sum(s.repeats * -(-len(texts) // batch) for _, texts, batch in plans)
+        total = sum((s.repeats + s.runoff_passes) * -(-len(texts) // batch) for _, texts, batch in plans)
         done = [0]
         started = time.perf_counter()
 
@@ -359,6 +403,7 @@ class SchedulerReport:
                             for c in final.calibration],
             "settings": {"batch_sizes": list(s.batch_sizes), "windows": list(s.windows),
                          "max_new_tokens": s.max_new_tokens, "repeats": s.repeats, "temperature": s.temperature,
+                         "runoff_passes": s.runoff_passes, "runoff_top": s.runoff_top,
                          "models": self.models, "target": self.target},
             "checks": _checks(runs, _acceptance(pairs)),
         }
@@ -406,15 +451,20 @@ def _acceptance(pairs: dict[tuple[str, str, str], list[float]]) -> list[dict]:
 
 
 def _checks(runs: list[dict], acceptance: list[dict]) -> dict:
+    """The done-when checks; a run's run-off figures, where it has one, stand for it."""
+    def decided(r: dict, key: str):
+        return (r.get("runoff") or r)[key]
+
     plain = [r for r in runs if not r["kind"].startswith("switching")]
     switching = [r for r in runs if r["kind"].startswith("switching")]
     in_use = [a for a in acceptance if a["in_use"] and a["predicted"] is not None]
     return {
-        "adaptive_within_5pct_of_best_static": all(r["adaptive_over_best_static"] >= 0.95 for r in plain),
+        "adaptive_within_5pct_of_best_static": all(decided(r, "adaptive_over_best_static") >= 0.95 for r in plain),
         "adaptive_within_5pct_of_held_out_best_static": all((r.get("adaptive_over_held_out_best_static") or 0) >= 0.95
                                                             for r in plain),
-        "adaptive_at_most_3pct_slower_than_target_only": all(r["adaptive_over_target_only"] >= 0.97 for r in plain),
-        "switching_adaptive_beats_every_static": bool(switching) and all(r["adaptive_beats_every_static"]
+        "adaptive_at_most_3pct_slower_than_target_only": all(decided(r, "adaptive_over_target_only") >= 0.97
+                                                             for r in plain),
+        "switching_adaptive_beats_every_static": bool(switching) and all(decided(r, "adaptive_beats_every_static")
                                                                          for r in switching),
         "acceptance_within_0.05": all(abs(a["predicted"] - a["realized"]) <= 0.05 for a in in_use),
     }
@@ -432,6 +482,13 @@ def format_report(report: dict) -> str:
         lines.append(f"  adaptive    {r['adaptive_tokens_per_s']:8.1f} tok/s  = {r['adaptive_over_best_static']:.3f} x best"
                      f" static, {r['adaptive_over_target_only']:.3f} x target-only;"
                      f" T_eff predicted {_ms(a['predicted_t_eff_ms'])} measured {_ms(a['measured_t_eff_ms'])}")
+        ro = r.get("runoff")
+        if ro:
+            rb = ro["best_static"]
+            lines.append(f"  run-off ({ro['passes']} more passes of adaptive, target-only and the {len(ro['static']) - 1}"
+                         f" fastest statics above): adaptive {ro['adaptive_tokens_per_s']:.1f} tok/s = "
+                         f"{ro['adaptive_over_best_static']:.3f} x best static ({','.join(rb['chain'])} W{rb['window']} "
+                         f"{rb['tokens_per_s']:.1f}), {ro['adaptive_over_target_only']:.3f} x target-only")
         if r["adaptive_over_held_out_best_static"] is not None:
             lines.append(f"  held-out best static {r['held_out_best_static_tokens_per_s']:8.1f} tok/s (picked on the other "
                          f"waves): adaptive = {r['adaptive_over_held_out_best_static']:.3f} x")
