@@ -160,19 +160,57 @@ def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], laten
 
 
 @functools.cache
-def expected_max_normal(n: int) -> float:
-    """E[max of n independent standard normals] (0 for one), by integrating 1 - Phi^n and Phi^n."""
+def max_normal_moments(n: int) -> tuple[float, float]:
+    """Mean and standard deviation of the largest of n independent standard normals (0, 1 for one), by
+    integrating the density n phi(x) Phi(x)^(n - 1) over [-8, 8]."""
     if n <= 1:
-        return 0.0
-    step, total = 0.01, 0.0
+        return 0.0, 1.0
+    step, first, second = 0.01, 0.0, 0.0
     for i in range(-800, 800):   # midpoints of [-8, 8]
         x = (i + 0.5) * step
         cdf = 0.5 * math.erfc(-x / math.sqrt(2))
-        total += ((1 - cdf ** n) if x >= 0 else -(cdf ** n)) * step
-    return total
+        density = n * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi) * cdf ** (n - 1)
+        first += x * density * step
+        second += x * x * density * step
+    return first, math.sqrt(max(0.0, second - first * first))
 
 
-def tail_factor(prediction: Prediction, solo_cost_ns: float, tokens_left: float, cost_ns: float | None = None) -> float:
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals] (0 for one)."""
+    return max_normal_moments(n)[0]
+
+
+_SQRT2 = math.sqrt(2.0)
+_SQRT2PI = math.sqrt(2.0 * math.pi)
+
+
+def expected_max(groups: Sequence[tuple[float, float, int]]) -> float:
+    """E[max] of independent normals given as (mean, sd, how many alike): each group of n alike is the
+    largest of n (max_normal_moments), and groups combine by Clark's moment matching (Clark 1961: the max
+    of two normals taken as a normal of the same first two moments), largest mean first. A group whose
+    mean lies more than 8 combined sds below the running max is left out (it moves E[max] by < 1e-15)."""
+    parts = []
+    for mean, sd, n in groups:
+        shift, spread = max_normal_moments(n)
+        parts.append((mean + sd * shift, sd * spread if n > 1 else sd))
+    parts.sort(key=lambda ms: -ms[0])
+    m1, s1 = parts[0]
+    for m2, s2 in parts[1:]:
+        theta = math.sqrt(s1 * s1 + s2 * s2)
+        if theta <= 0.0 or (m1 - m2) / theta > 8.0:
+            m1 = max(m1, m2)
+            continue
+        alpha = (m1 - m2) / theta
+        up, down = 0.5 * math.erfc(-alpha / _SQRT2), 0.5 * math.erfc(alpha / _SQRT2)
+        pdf = math.exp(-0.5 * alpha * alpha) / _SQRT2PI
+        first = m1 * up + m2 * down + theta * pdf
+        second = (m1 * m1 + s1 * s1) * up + (m2 * m2 + s2 * s2) * down + (m1 + m2) * theta * pdf
+        m1, s1 = first, math.sqrt(max(0.0, second - first * first))
+    return m1
+
+
+def tail_factor(prediction: Prediction, solo_cost_ns: float, tokens_left: float | Sequence[float],
+                cost_ns: float | None = None) -> float:
     """What running `prediction`'s configuration until the rows finish costs per token, over its T_eff.
 
     T_eff counts a cycle's tokens as if every one were wanted and every row stayed to the end. Two things
@@ -185,23 +223,35 @@ def tail_factor(prediction: Prediction, solo_cost_ns: float, tokens_left: float,
     - the rows finish apart: K is about normal with standard deviation sigma sqrt(r) / mu^1.5, and while
       the last rows run the batch is small. A cycle's cost splits into a part that does not shrink with
       the rows (a, from the one-row cycle: cost(1) = a + b, cost(B) = a + B b) and a part per row, so the
-      batch's time is about a E[max K] + b sum E[K], with E[max K] = E[K] + e_B sd(K), e_B the expected
-      maximum of B standard normals.
+      batch's time is about a E[max_b K_b] + b sum_b E[K_b].
 
-    Per emitted token of a row that is T_eff times (r + overshoot) / r + (a / cost(B)) e_B sigma / sqrt(r mu).
-    `tokens_left`: the mean over the batch's rows; 1 when nothing is left. `cost_ns`: the cycle's cost
-    when it is not the prediction's own (scaled to what the batch's passes measure).
+    `tokens_left`: per row of the batch (rows of a wave that accepted differently have different amounts
+    left, and the batch waits for the one furthest behind: E[max] is over their own K_b, expected_max),
+    or one mean for every row. With r tokens left in every row this is T_eff times (r + overshoot) / r +
+    (a / cost(B)) e_B sigma / sqrt(r mu), e_B the expected maximum of B standard normals. `cost_ns`: the
+    cycle's cost when it is not the prediction's own (scaled to what the batch's passes measure).
     """
-    if tokens_left <= 0:
+    batch, cost = prediction.batch_size, prediction.cost_ns if cost_ns is None else cost_ns
+    left = [float(tokens_left)] * batch if isinstance(tokens_left, (int, float)) else [float(r) for r in tokens_left]
+    left = [r for r in left if r > 0]
+    if not left:
         return 1.0
     mu, var = prediction.emitted, prediction.emitted_var
-    factor = 1.0 + (var + mu * mu - mu) / (2 * mu) / tokens_left
-    batch, cost = prediction.batch_size, prediction.cost_ns if cost_ns is None else cost_ns
+    overshoot = (var + mu * mu - mu) / (2 * mu)
+    alike: dict[float, int] = {}
+    for r in left:
+        alike[r] = alike.get(r, 0) + 1
+    means = {r: (r + overshoot) / mu for r in alike}
+    mean_left = sum(left) / len(left)
     if batch > 1:
-        fixed = (batch * solo_cost_ns - cost) / (batch - 1)
-        share = min(1.0, max(0.0, fixed / cost))
-        factor += share * expected_max_normal(batch) * math.sqrt(var / (tokens_left * mu))
-    return factor
+        fixed = min(cost, max(0.0, (batch * solo_cost_ns - cost) / (batch - 1)))
+    else:
+        fixed = cost
+    per_row = (cost - fixed) / batch
+    longest = expected_max([(means[r], math.sqrt(var * r / mu ** 3), n) for r, n in alike.items()])
+    time = fixed * longest + per_row * sum(means[r] * n for r, n in alike.items())
+    # time per token delivered (the rows' tokens left) over T_eff per token of the batch, cost / (batch mu)
+    return time * mu / (cost * mean_left) * batch / len(left)
 
 
 LINE_WEIGHT = 8.0   # passes the line counts for against a measured point's own value (EMAs are noisy)

@@ -17,7 +17,9 @@ those that name the window, the best chain at it. On top of the ranking:
   that while the last ones run the batch is small and its cycles cost nearly as much as full ones. Long
   windows emit more per cycle but more unevenly, so they overshoot more and their rows spread out more;
   candidates are ranked by T_eff times the expected cost of both (cost_model.tail_factor, weighted by
-  `tail_weight`), from the rows' tokens left and the cost of the same cycle for one row;
+  `tail_weight`), from each row's tokens left (the batch waits for the row furthest behind) and the cost
+  of the same cycle for one row. That factor is never below 1, so the candidates are taken in order of
+  T_eff and scored only until the next one's T_eff reaches the best score found;
 - hysteresis: the batch keeps its chain unless another chain is predicted faster by `chain_hysteresis`,
   counting the catch-up of models that sat out (their pending tokens) spread over the cycles the batch
   is expected to run on (`switch_horizon_cycles` at most: a batch about to finish cannot earn back a
@@ -94,7 +96,7 @@ class SchedulerSettings(BaseModel):
     batch_odds_up: float = 0.5          # ... up by this much at most (a lucky streak regresses to the mean)
     batch_prior_checks: float = 64.0    # pseudo-checks at the predicted rate in a batch's own rate
     row_memory: float = 0.9             # weight a row's acceptance record keeps a cycle (~10 cycles)
-    tail_weight: float = 1.0            # weight of the overshoot and the rows' finishing spread (0: T_eff only)
+    tail_weight: float = Field(1.0, ge=0.0)   # weight of the overshoot and the rows' finishing spread (0: T_eff only)
     context_alpha: float = 0.1          # EMA constant of forward times over the latency table's, per context length
     context_min_cycles: int = 5         # ... used once this many cycles measured it
     context_scale_range: tuple[float, float] = (0.5, 2.5)   # ... and kept within this range
@@ -158,6 +160,19 @@ def batch_shift(rows: Sequence[Row], prior_checks: float, step: float, down: flo
     rho = (acc + prior_checks * pi) / (tried + prior_checks)
     shift = max(-down, min(up, _logit(rho) - _logit(pi)))
     return int(round(shift / step))
+
+
+def _least(candidates: Sequence[Prediction], score: Score, scales: Mapping[str, float]) -> Prediction | None:
+    """The candidate of least `score`, from candidates ordered by scaled T_eff, which `score` never goes
+    below: once the next one's T_eff is no less than the best score found, none after it can beat it."""
+    best, best_score = None, math.inf
+    for p in candidates:
+        if best is not None and (score is _t_eff or p.scaled_cost_ns(scales) / p.emitted >= best_score):
+            break
+        value = score(p)
+        if value < best_score:
+            best, best_score = p, value
+    return best
 
 
 def _tokens_left(rows: Sequence[Row]) -> int:
@@ -467,7 +482,7 @@ class Scheduler:
     def _score(self, rows: Sequence[Row], scales: Mapping[str, float], solo: Plan | None) -> Score:
         """T_eff with the batch's latency scales, times the weighted cost of the rows' overshoot and spread
         (cost_model.tail_factor) when `solo` (the one-row plan) is given."""
-        left = sum(_row_tokens_left(r) for r in rows) / len(rows)
+        left = [_row_tokens_left(r) for r in rows]
         weight = self.settings.tail_weight
         memo: dict[int, float] = {}
 
@@ -500,8 +515,8 @@ class Scheduler:
         room = _tokens_left(rows)
         candidates = named if window else ([p for p in named if len(p.chain) == 1 or p.window < room]
                                            or [min(named, key=lambda p: p.cost_ns)])
-        if score is not _t_eff:
-            candidates = sorted(candidates, key=score)
+        if score is not _t_eff:   # by the bound, cheap to compute: the score is never below it
+            candidates = sorted(candidates, key=lambda p: p.scaled_cost_ns(scales) / p.emitted)
         if chain is None and not window:
             explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy)
             if explore is not None:
@@ -514,11 +529,12 @@ class Scheduler:
     def _settle(self, plan: Plan, current: Decision | None, candidates: Sequence[Prediction], rows: Sequence[Row],
                 chain_free: bool, score: Score = _t_eff, scales: Mapping[str, float] = NO_SCALES) -> Decision:
         """The hysteresis: the standing choice, its window moved or its chain switched only when worth it.
-        `candidates`: the allowed predictions, least `score` first."""
+        `candidates`: the allowed predictions in increasing order of a lower bound of `score` (their scaled
+        T_eff), so that the least score is found scoring only those whose bound is below it."""
         s = self.settings
-        best = candidates[0]
+        best = _least(candidates, score, scales)
         kept = None if current is None else plan.by_key.get((current.chain, current.window))
-        same = None if kept is None else next((p for p in candidates if p.chain == kept.chain), None)
+        same = None if kept is None else _least([p for p in candidates if p.chain == kept.chain], score, scales)
         if kept is None or same is None:   # nothing standing, or its chain is not allowed any more
             if current is not None and (current.chain, current.window) != (best.chain, best.window):
                 self.counts["switches"] += 1

@@ -380,6 +380,25 @@ def test_a_batch_is_planned_for_how_its_rows_finish() -> None:
     assert window(4, 12, 1.0) < window(4, 12, 0.0)
 
 
+def test_a_batch_waiting_for_one_row_is_planned_for_that_row() -> None:
+    """Fifteen rows about to finish and one far behind: the batch soon runs that row alone, so it gets
+    about the long window one row would, not the short one of sixteen rows with their mean left."""
+    acceptance = {("a", "t"): 0.9, ("b", "t"): 0.8, ("a", "b"): 0.9, ("b", "a"): 0.9}
+
+    def window(lefts: list[int]) -> int:
+        sched, _ = make(acceptance, explore_after_s=1e9)
+        batch = FakeBatch(len(lefts))
+        for r, left in zip(batch.rows.values(), lefts):
+            r.tokens += [7] * (r.max_new_tokens - left)
+        chain, w = sched.choose(batch)
+        assert chain == ("a", "t")
+        return w
+
+    behind = window([4] * 15 + [60])
+    assert behind > window([8] * 16)             # the same tokens left in all, evenly spread
+    assert behind >= window([60]) - 2
+
+
 def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> None:
     """Passes over these rows' context cost the target twice what the profiler's table says: once enough
     cycles measured it, a batch of that context length has its target level scaled by it, its drafter's
