@@ -20,8 +20,9 @@ verification.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specrouter.pool.similarity import PairSimilarity
@@ -151,7 +152,8 @@ LATENCY_WEIGHT_CAP = 32   # passes beyond which a measured point weighs no more 
 def latency_table(snapshot: ppb.SnapshotResponse | None,
                   warmup: Mapping[str, Sequence[tuple[int, int, int]]]) -> LatencyTable:
     """Live latencies from the snapshot, weighted by the passes each averages; the workers' warm-up
-    profile (one pass per point) fills what the snapshot lacks, scaled by `warmup_scale`."""
+    profile (one pass per point) fills what the snapshot lacks, scaled per model and batch size by
+    `warmup_scales`."""
     from specrouter.profiler.metrics import bucket
 
     live: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
@@ -159,23 +161,79 @@ def latency_table(snapshot: ppb.SnapshotResponse | None,
         for f in snapshot.forward:
             live.setdefault(f.model, {})[(f.batch_size_bucket, f.tokens_per_row_bucket)] = \
                 (f.ema_forward_ns, float(min(max(f.samples, 1), LATENCY_WEIGHT_CAP)))
+    warm = {model: {(bucket(b), bucket(k)): float(ns) for b, k, ns in timings} for model, timings in warmup.items()}
+    scales = warmup_scales(warm, live)
     points: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
-    for model, timings in warmup.items():
-        warm = {(bucket(b), bucket(k)): float(ns) for b, k, ns in timings}
-        scale = warmup_scale(warm, live.get(model, {}))
-        points[model] = {key: (ns * scale, 1.0) for key, ns in warm.items()}
+    for model, timings in warm.items():
+        points[model] = {(b, k): (ns * scales[model](b), 1.0) for (b, k), ns in timings.items()}
     for model, measured in live.items():
         points.setdefault(model, {}).update(measured)
     return LatencyTable(points)
 
 
 def warmup_scale(warm: Mapping[tuple[int, int], float], live: Mapping[tuple[int, int], tuple[float, float]]) -> float:
-    """How much slower a model runs live than at warm-up: the weighted geometric mean of live / warm-up
-    over the points measured both ways (1 with none). A worker times its warm-up alone on the machine;
-    live passes share it with the rest of the cluster (on a 2-core machine running the demo pool they
-    take 1.5-2x as long), so a point known only from warm-up would make what has not run lately look
-    cheap (target-only at batch 16 was picked at 32 ms a cycle and ran at 57)."""
-    both = [(math.log(ns / warm[key]), w) for key, (ns, w) in live.items() if key in warm and warm[key] > 0 and ns > 0]
-    if not both:
-        return 1.0
-    return math.exp(sum(x * w for x, w in both) / sum(w for _, w in both))
+    """How much slower a model runs live than at warm-up over every point measured both ways: the
+    weighted geometric mean of live / warm-up (1 with none)."""
+    both = _log_ratios(warm, live)
+    return math.exp(_mean([x for x in both.values()])) if both else 1.0
+
+
+def warmup_scales(warm: Mapping[str, Mapping[tuple[int, int], float]],
+                  live: Mapping[str, Mapping[tuple[int, int], tuple[float, float]]],
+                  ) -> dict[str, Callable[[int], float]]:
+    """Per model, batch size -> how much slower it runs live than at warm-up.
+
+    A worker times its warm-up alone on the machine; live passes share it with the rest of the cluster,
+    and how much slower they run depends on the model and grows with the batch (on a 2-core machine
+    running the demo pool: the 1m drafter 1.7x at batch 1 and 2.9x at 16, the 29m target 1.4x and 2.4x).
+    A point known only from warm-up would make what has not run lately look cheap (target-only at batch
+    16 was picked at 32 ms a cycle and ran at 57; a model that had never run at batch 16 was picked at
+    a third of its cost). So, on the log scale, with the weighted geometric mean of live / warm-up over
+    the points measured both ways: a model's own figure at a batch size where it has one; else its own
+    over every batch size plus how much more the other models measured at that batch size run slow
+    there than overall; a model never measured live takes the other models' figure at that batch size
+    (or over every batch size). With nothing measured, 1.
+    """
+    ratios = {model: _log_ratios(w, live.get(model, {})) for model, w in warm.items()}
+    own = {m: math.fsum(x * w for x, w in r.values()) / math.fsum(w for _, w in r.values()) for m, r in ratios.items() if r}
+    by_batch: dict[str, dict[int, float]] = {}
+    for model, r in ratios.items():
+        per: dict[int, list[tuple[float, float]]] = {}
+        for (b, _), xw in r.items():
+            per.setdefault(b, []).append(xw)
+        by_batch[model] = {b: _mean(xs) for b, xs in per.items()}
+
+    def pooled(b: int | None, exclude: str) -> tuple[float | None, float | None]:
+        """(mean over other models of their figure at b, of that figure less their own overall)."""
+        level, offset = [], []
+        for m, per in by_batch.items():
+            if m != exclude and m in own and (b is None or b in per):
+                value = own[m] if b is None else per[b]
+                level.append((value, 1.0))
+                offset.append((value - own[m], 1.0))
+        return (_mean(level), _mean(offset)) if level else (None, None)
+
+    def scale_for(model: str) -> Callable[[int], float]:
+        @functools.cache
+        def scale(b: int) -> float:
+            if b in by_batch.get(model, {}):
+                return math.exp(by_batch[model][b])
+            level, offset = pooled(b, model)
+            if model in own:
+                return math.exp(own[model] + (offset or 0.0))
+            if level is None:
+                level, _ = pooled(None, model)
+            return math.exp(level) if level is not None else 1.0
+        return scale
+    return {model: scale_for(model) for model in warm}
+
+
+def _log_ratios(warm: Mapping[tuple[int, int], float], live: Mapping[tuple[int, int], tuple[float, float]],
+                ) -> dict[tuple[int, int], tuple[float, float]]:
+    """(log(live / warm-up), passes) at each point measured both ways."""
+    return {key: (math.log(ns / warm[key]), w) for key, (ns, w) in live.items()
+            if key in warm and warm[key] > 0 and ns > 0}
+
+
+def _mean(points: Sequence[tuple[float, float]]) -> float:
+    return math.fsum(x * w for x, w in points) / math.fsum(w for _, w in points)

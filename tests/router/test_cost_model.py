@@ -269,5 +269,25 @@ def test_warm_up_points_are_scaled_to_what_live_passes_cost() -> None:
     table = latency_table(snapshot, warm)
     assert table("m", 16, 1) == pytest.approx(10_000 * scale)   # known only from warm-up: scaled
     assert table("m", 1, 1) == pytest.approx(4_000)             # measured live: as measured
-    assert table("idle", 1, 1) == pytest.approx(5_000)          # nothing live to compare with: as warmed up
+    assert table("idle", 1, 1) == pytest.approx(5_000 * scale)  # never run live: as the others run
     assert latency_table(None, warm)("m", 16, 1) == pytest.approx(10_000)
+
+
+def test_warm_up_scales_follow_the_batch_size() -> None:
+    """Live passes slow down more at large batches: a model measured only at batch 1 takes, at batch 16,
+    its own slowdown plus how much more the others slow down at 16 than overall."""
+    from specrouter.router.estimates import warmup_scales
+
+    warm = {m: {(1, 1): 1_000.0, (16, 1): 4_000.0} for m in ("a", "b", "new")}
+    live = {"a": {(1, 1): (1_500.0, 8.0), (16, 1): (12_000.0, 8.0)},   # 1.5x at batch 1, 3x at 16
+            "b": {(1, 1): (2_000.0, 8.0)}}                             # 2x at batch 1, never at 16
+    scales = warmup_scales(warm, live)
+    overall_a = math.sqrt(1.5 * 3.0)
+    assert scales["a"](1) == pytest.approx(1.5) and scales["a"](16) == pytest.approx(3.0)
+    assert scales["b"](1) == pytest.approx(2.0)
+    assert scales["b"](16) == pytest.approx(2.0 * 3.0 / overall_a)
+    assert scales["new"](16) == pytest.approx(3.0)      # the others' figure where they have one
+    assert scales["new"](4) == pytest.approx(math.sqrt(overall_a * 2.0))   # else over every batch size
+    assert warmup_scales(warm, {})["a"](16) == 1.0
+
+
