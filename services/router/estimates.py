@@ -171,13 +171,6 @@ def latency_table(snapshot: ppb.SnapshotResponse | None,
     return LatencyTable(points)
 
 
-def warmup_scale(warm: Mapping[tuple[int, int], float], live: Mapping[tuple[int, int], tuple[float, float]]) -> float:
-    """How much slower a model runs live than at warm-up over every point measured both ways: the
-    weighted geometric mean of live / warm-up (1 with none)."""
-    both = _log_ratios(warm, live)
-    return math.exp(_mean([x for x in both.values()])) if both else 1.0
-
-
 def warmup_scales(warm: Mapping[str, Mapping[tuple[int, int], float]],
                   live: Mapping[str, Mapping[tuple[int, int], tuple[float, float]]],
                   ) -> dict[str, Callable[[int], float]]:

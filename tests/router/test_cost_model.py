@@ -255,7 +255,7 @@ def test_latency_table_never_makes_more_tokens_cheaper() -> None:
 
 
 def test_warm_up_points_are_scaled_to_what_live_passes_cost() -> None:
-    from specrouter.router.estimates import latency_table, warmup_scale
+    from specrouter.router.estimates import latency_table, warmup_scales
     from specrouter.v1 import profiler_pb2 as ppb
 
     warm = {"m": [(1, 1, 2_000), (1, 4, 3_000), (16, 1, 10_000)], "idle": [(1, 1, 5_000)]}
@@ -264,8 +264,8 @@ def test_warm_up_points_are_scaled_to_what_live_passes_cost() -> None:
     snapshot.forward.add(model="m", batch_size_bucket=1, tokens_per_row_bucket=1, ema_forward_ns=4_000, samples=30)
     snapshot.forward.add(model="m", batch_size_bucket=1, tokens_per_row_bucket=4, ema_forward_ns=4_500, samples=10)
     scale = math.exp((30 * math.log(2.0) + 10 * math.log(1.5)) / 40)
-    assert warmup_scale({(1, 1): 2_000.0, (1, 4): 3_000.0, (16, 1): 10_000.0},
-                        {(1, 1): (4_000.0, 30.0), (1, 4): (4_500.0, 10.0)}) == pytest.approx(scale)
+    assert warmup_scales({"m": {(1, 1): 2_000.0, (1, 4): 3_000.0, (16, 1): 10_000.0}},
+                         {"m": {(1, 1): (4_000.0, 30.0), (1, 4): (4_500.0, 10.0)}})["m"](16) == pytest.approx(scale)
     table = latency_table(snapshot, warm)
     assert table("m", 16, 1) == pytest.approx(10_000 * scale)   # known only from warm-up: scaled
     assert table("m", 1, 1) == pytest.approx(4_000)             # measured live: as measured
