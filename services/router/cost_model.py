@@ -175,11 +175,6 @@ def max_normal_moments(n: int) -> tuple[float, float]:
     return first, math.sqrt(max(0.0, second - first * first))
 
 
-def expected_max_normal(n: int) -> float:
-    """E[max of n independent standard normals] (0 for one)."""
-    return max_normal_moments(n)[0]
-
-
 _SQRT2 = math.sqrt(2.0)
 _SQRT2PI = math.sqrt(2.0 * math.pi)
 

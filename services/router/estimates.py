@@ -188,7 +188,7 @@ def warmup_scales(warm: Mapping[str, Mapping[tuple[int, int], float]],
     (or over every batch size). With nothing measured, 1.
     """
     ratios = {model: _log_ratios(w, live.get(model, {})) for model, w in warm.items()}
-    own = {m: math.fsum(x * w for x, w in r.values()) / math.fsum(w for _, w in r.values()) for m, r in ratios.items() if r}
+    own = {m: _mean(list(r.values())) for m, r in ratios.items() if r}
     by_batch: dict[str, dict[int, float]] = {}
     for model, r in ratios.items():
         per: dict[int, list[tuple[float, float]]] = {}
