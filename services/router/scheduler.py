@@ -623,19 +623,21 @@ class Scheduler:
             ledger.cycles += 1
             ledger.cycle_ns += cycle_ns
             ledger.emitted += sum(len(report.emitted[r.row_id]) for r in rows) / batch
+            # each row's drafts against the pool's prediction; the record ages every cycle, drafted or
+            # not, so that a row that went to target-only on a bad streak drifts back to the pool's rate
+            # (its record would otherwise stand still and keep it there)
             base = decision.base if decision is not None else None
-            if base is not None and base.checks:   # each row's drafts against the pool's prediction
-                keep = self.settings.row_memory
-                levels = list(enumerate(chain_pairs(report.chain)[: len(base.checks)]))
-                for r_index, r in enumerate(rows):
-                    record = r.acceptance_record
-                    record[:] = [x * keep for x in record]
-                    for level, (_, v) in levels:
-                        acc = report.accepted[v][r_index]
-                        record[0] += acc
-                        record[1] += min(acc + 1, report.proposed[v][r_index])
-                        record[2] += base.checks[level][0]
-                        record[3] += base.checks[level][1]
+            keep = self.settings.row_memory
+            levels = list(enumerate(chain_pairs(report.chain)[: len(base.checks)])) if base is not None else []
+            for r_index, r in enumerate(rows):
+                record = r.acceptance_record
+                record[:] = [x * keep for x in record]
+                for level, (_, v) in levels:
+                    acc = report.accepted[v][r_index]
+                    record[0] += acc
+                    record[1] += min(acc + 1, report.proposed[v][r_index])
+                    record[2] += base.checks[level][0]
+                    record[3] += base.checks[level][1]
             if decision is not None and decision.prediction is None:
                 decision = None
             if decision is not None:

@@ -333,6 +333,31 @@ def test_observe_keeps_each_rows_record_against_the_pools_prediction() -> None:
     assert rows[1].acceptance_record == pytest.approx([0.0, 1.5, 1.5 * exp_acc, 1.5 * exp_tried])
 
 
+def test_a_rows_record_ages_through_cycles_without_drafts() -> None:
+    """A row that went to target-only on a bad streak drafts nothing, so nothing new enters its record;
+    the record still ages, so the batch's shift returns to the pool's rate and the chain gets a new try."""
+    from specrouter.router.chain import CycleReport
+    from specrouter.router.scheduler import batch_shift
+
+    s = SchedulerSettings(explore_after_s=1e9)
+    sched, _ = make({("a", "t"): 0.5}, explore_after_s=1e9)
+    batch = FakeBatch(1)
+    (row,) = batch.rows.values()
+    row.acceptance_record[:] = [20.0, 100.0, 90.0, 100.0]    # 2 in 10 accepted where 9 in 10 were predicted
+    def shift() -> int:
+        return batch_shift([row], s.batch_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
+    assert shift() == -round(s.batch_odds_down / s.batch_odds_step)
+    chain, window = sched.choose(batch, ("t",))
+    report = CycleReport(chain, window, emitted={row.row_id: [5]}, accepted={"t": [0]}, proposed={"t": [0]},
+                         results={})
+    shifts = []
+    for _ in range(60):
+        sched.observe(report, [row], 1_000_000, True, sched.decision_for(batch))
+        shifts.append(shift())
+    assert row.acceptance_record == pytest.approx([x * s.row_memory**60 for x in [20.0, 100.0, 90.0, 100.0]])
+    assert shifts == sorted(shifts) and shifts[0] < 0 and shifts[-1] == 0
+
+
 def test_no_draft_is_longer_than_the_tokens_left() -> None:
     acceptance = {("a", "t"): 0.95, ("b", "t"): 0.95, ("a", "b"): 0.95, ("b", "a"): 0.95}
     sched, _ = make(acceptance, explore_after_s=1e9)
