@@ -8,9 +8,12 @@ snapshot, so a decision on the cycle's path is a dictionary lookup; only a compo
 is planned inline. Requests that name their chain but not their window get the chain's best window;
 those that name the window, the best chain at it. On top of the ranking:
 
-- exploration: a pair of models that has not been measured for `explore_after_s` (or never) gets one
-  cycle of the best chain that contains it, at its best window plus `explore_extra_window` (so deeper
-  draft positions get measured too), at most once every `explore_every_cycles` cycles of the router;
+- exploration: a pair of models that has not been measured for a while (or never) gets one cycle of
+  the best chain that contains it, at its best window plus `explore_extra_window` (so deeper draft
+  positions get measured too), at most once every `explore_every_cycles` cycles of the router. A while
+  is `explore_after_s` for a pair whose best chain is predicted within `explore_gap` of the best, and
+  proportionally longer for one further behind (up to `explore_after_max_s`): its estimate would have
+  to be that much off to matter, and each exploration costs a slower cycle and a catch-up;
 - fit: no window is longer than the most tokens a row has left to emit (a cycle emits at most window + 1;
   more is drafted and verified for nothing), unless the requests named it;
 - tail: a row's last cycle emits past its tokens left (dropped), and a batch's rows finish apart, so
@@ -88,6 +91,9 @@ class SchedulerSettings(BaseModel):
     explore_after_s: float = 10.0       # a pair unmeasured this long gets an exploration cycle
     explore_every_cycles: int = 50      # at most one exploration cycle per this many cycles (all batches)
     explore_extra_window: int = 1       # exploration drafts this much deeper than the chain's best window
+    explore_gap: float = 0.10           # a pair whose best chain is predicted g slower than the best waits
+                                        # explore_after_s * g / explore_gap (0: every pair explore_after_s)
+    explore_after_max_s: float = 120.0  # ... but never longer than this
     prior_weight: float = 16.0          # pseudo-checks of the similarity prior in a position's rate
     default_acceptance: float = 0.5     # prior of a pair with no similarity at all
     overhead_alpha: float = 0.05        # EMA constant of the router's own per-call and per-cycle costs
@@ -561,11 +567,16 @@ class Scheduler:
             return None
         now = self._clock()
         modes = [m for m, n in ((GREEDY, greedy), (SAMPLING, sampling)) if n]
-        stale = [(self._pair_seen_at.get((d, v, mode), -math.inf), (d, v, mode))
-                 for d, v in self.pairs for mode in modes]
-        seen_at, (d, v, mode) = min(stale)
-        if now - seen_at < s.explore_after_s:
+        stale = []
+        for d, v in self.pairs:
+            wait = self._exploration_wait(plan, (d, v))
+            for mode in modes:
+                age = now - self._pair_seen_at.get((d, v, mode), -math.inf)
+                if age >= wait:
+                    stale.append((age / max(wait, 1e-9), (d, v, mode)))
+        if not stale:
             return None
+        _, (d, v, mode) = max(stale)   # the most overdue
         for p in plan.predictions:   # the best-ranked chain with the pair, at its window + extra
             if (d, v) in chain_pairs(p.chain):
                 window = min(max(s.windows), p.window + s.explore_extra_window)
@@ -573,6 +584,19 @@ class Scheduler:
                 self._pair_seen_at[(d, v, mode)] = now   # asked for; the snapshot confirms it later
                 return Decision(p.chain, window, prediction)
         return None
+
+    def _exploration_wait(self, plan: Plan, pair: tuple[str, str]) -> float:
+        """How long a pair may go unmeasured. An exploration cycle costs a cycle of a slower chain and the
+        catch-up of the models that sat out (at batch 1, a prefill of the whole row by a model that never
+        saw it); what it buys is a fresh estimate, worth something only if the pair's chains could become
+        the best. So a pair whose best chain is predicted g slower than the best waits `explore_after_s`
+        times g / `explore_gap` (at least `explore_after_s`, at most `explore_after_max_s`)."""
+        s = self.settings
+        best = plan.predictions[0].t_eff_ns
+        gap = next((p.t_eff_ns / best - 1 for p in plan.predictions if pair in chain_pairs(p.chain)), math.inf)
+        if s.explore_gap <= 0:
+            return s.explore_after_s
+        return min(max(s.explore_after_s, s.explore_after_max_s), s.explore_after_s * max(1.0, gap / s.explore_gap))
 
     def _catch_up_ns(self, plan: Plan, chain: Sequence[str], rows: Sequence[Row],
                      scales: Mapping[str, float] = NO_SCALES) -> float:

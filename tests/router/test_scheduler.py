@@ -10,7 +10,7 @@ import pytest
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.router.chain import Row
 from specrouter.router.estimates import AcceptanceEstimates, Calibration
-from specrouter.router.scheduler import SchedulerSettings, Scheduler, candidate_chains
+from specrouter.router.scheduler import SchedulerSettings, Scheduler, candidate_chains, chain_pairs
 from specrouter.v1 import profiler_pb2 as ppb
 from specrouter.worker.sampling import SamplingParams
 
@@ -164,6 +164,37 @@ def test_unmeasured_pairs_are_explored_then_left_alone() -> None:
     assert ("b", "a", "t") in explored and any("b" in c for c in explored)
     gaps = [i for i, (c, _) in enumerate(decisions) if c != ("a", "t")]
     assert all(later - earlier >= 10 for earlier, later in zip(gaps, gaps[1:]))
+
+
+def test_pairs_far_behind_are_explored_less_often() -> None:
+    """Every pair measured at the start; then a pair waits explore_after_s times its best chain's
+    predicted gap over explore_gap before it is explored again, and the closest competitor goes first."""
+    acceptance = {("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.3, ("b", "a"): 0.3}
+    clock = Clock()
+    sched, _ = make(acceptance, clock, explore_after_s=5.0, explore_every_cycles=1, explore_gap=0.1,
+                    explore_after_max_s=30.0)
+    batch = FakeBatch(1)
+    plan = sched.plan(1, 0)
+    best = plan.predictions[0].t_eff_ns
+    gap = {pair: next(p.t_eff_ns for p in plan.predictions if pair in chain_pairs(p.chain)) / best - 1
+           for pair in acceptance}
+    assert gap[("a", "t")] == 0 and 0.1 < gap[("b", "t")] < min(gap[("a", "b")], gap[("b", "a")])
+    due = {pair: min(30.0, 5.0 * max(1.0, g / 0.1)) for pair, g in gap.items()}
+    assert due[("b", "t")] < due[("a", "b")] == due[("b", "a")] == 30.0      # both three-level chains are far off
+    first: dict[tuple[str, str], float] = {}
+    start = clock.now
+    for _ in range(80):                       # a cycle every half second, 40 seconds
+        chain, _ = sched.choose(batch)
+        for pair in chain_pairs(chain):
+            if sched.counts["explorations"] and pair not in first and chain != ("a", "t"):
+                first[pair] = clock.now - start
+        clock.now += 0.5
+    assert set(first) >= {("b", "t"), ("a", "b")}
+    assert due[("b", "t")] <= first[("b", "t")] < due[("b", "t")] + 1.0
+    assert due[("a", "b")] <= first[("a", "b")] < due[("a", "b")] + 2.0
+    # without the scaling every pair is due after explore_after_s
+    flat, _ = make(acceptance, Clock(), explore_after_s=5.0, explore_gap=0.0)
+    assert {flat._exploration_wait(plan, pair) for pair in acceptance} == {5.0}
 
 
 def test_calibration_recovers_a_line_and_starts_as_the_identity() -> None:
