@@ -13,7 +13,7 @@ a pair never measured takes its prior at every position.
 
 The prior of a pair comes from its similarity (1 - E[TV] between the two models' rows) through a
 calibration, a least-squares line from similarity to realized acceptance fitted over the pairs already
-observed in that mode (identity until two pairs are). The similarity of a pair is the one measured offline
+observed in that mode (identity until two pairs are; never falling: flat where the data say it falls). The similarity of a pair is the one measured offline
 for the pool when there is one (it exists for every pair, observed or not), else the live one from
 verification.
 """
@@ -59,7 +59,10 @@ class Calibration:
         sxx = sum(wt * (x - mx) ** 2 for x, _, wt in points)
         if len(points) < 2 or sxx < 1e-6:
             return cls(my - mx, 1.0, len(points))
-        slope = sum(wt * (x - mx) * (y - my) for x, y, wt in points) / sxx
+        # acceptance does not fall as similarity rises: a falling line is noise over a few pairs (on the
+        # demo pool, four greedy pairs once fitted slope -2.45, which made the least similar pair of the
+        # pool the most promising); the least squares line with slope >= 0 is then the flat one
+        slope = max(0.0, sum(wt * (x - mx) * (y - my) for x, y, wt in points) / sxx)
         return cls(my - slope * mx, slope, len(points))
 
 

@@ -197,6 +197,17 @@ def test_pairs_far_behind_are_explored_less_often() -> None:
     assert {flat._exploration_wait(plan, pair) for pair in acceptance} == {5.0}
 
 
+def test_calibration_never_falls_with_similarity() -> None:
+    """A few noisy pairs can fit a falling line; least squares under slope >= 0 is then the flat line
+    through their weighted mean, so no pair is predicted better for being less similar."""
+    points = [(0.72, 0.80, 200.0), (0.76, 0.69, 50.0), (0.80, 0.70, 100.0), (0.85, 0.66, 50.0)]
+    line = Calibration.fit(points)
+    mean = sum(y * w for _, y, w in points) / sum(w for *_, w in points)
+    assert line.slope == 0.0 and line(0.1) == line(0.9) == pytest.approx(mean)
+    mirrored = Calibration.fit([(1.57 - x, y, w) for x, y, w in points])     # the same points, rising
+    assert mirrored.slope > 1.0 and mirrored(1.57 - 0.72) == pytest.approx(0.80, abs=0.05)
+
+
 def test_calibration_recovers_a_line_and_starts_as_the_identity() -> None:
     assert Calibration.fit([])(0.7) == pytest.approx(0.7)
     assert Calibration.fit([(0.5, 0.6, 1.0)])(0.7) == pytest.approx(0.8)
