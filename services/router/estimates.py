@@ -13,9 +13,9 @@ a pair never measured takes its prior at every position.
 
 The prior of a pair comes from its similarity (1 - E[TV] between the two models' rows) through a
 calibration, a least-squares line from similarity to realized acceptance fitted over the pairs already
-observed in that mode (identity until two pairs are; never falling: flat where the data say it falls). The similarity of a pair is the one measured offline
-for the pool when there is one (it exists for every pair, observed or not), else the live one from
-verification.
+observed in that mode (identity until two pairs are; never falling: flat where the data say it falls).
+The similarity of a pair is the one measured offline for the pool when there is one (it exists for every
+pair, observed or not), else the live one from verification.
 """
 
 from __future__ import annotations

@@ -592,10 +592,10 @@ class Scheduler:
         the best. So a pair whose best chain is predicted g slower than the best waits `explore_after_s`
         times g / `explore_gap` (at least `explore_after_s`, at most `explore_after_max_s`)."""
         s = self.settings
-        best = plan.predictions[0].t_eff_ns
-        gap = next((p.t_eff_ns / best - 1 for p in plan.predictions if pair in chain_pairs(p.chain)), math.inf)
         if s.explore_gap <= 0:
             return s.explore_after_s
+        best = plan.predictions[0].t_eff_ns
+        gap = next((p.t_eff_ns / best - 1 for p in plan.predictions if pair in chain_pairs(p.chain)), math.inf)
         return min(max(s.explore_after_s, s.explore_after_max_s), s.explore_after_s * max(1.0, gap / s.explore_gap))
 
     def _catch_up_ns(self, plan: Plan, chain: Sequence[str], rows: Sequence[Row],
