@@ -13,7 +13,8 @@ a pair never measured takes its prior at every position.
 
 The prior of a pair comes from its similarity (1 - E[TV] between the two models' rows) through a
 calibration, a least-squares line from similarity to realized acceptance fitted over the pairs already
-observed in that mode (identity until two pairs are; never falling: flat where the data say it falls).
+observed in that mode (the identity until one is; its slope shrunk towards 1, so that pairs alike in
+similarity set its level, not its tilt; never falling: flat where the data say it falls).
 The similarity of a pair is the one measured offline for the pool when there is one (it exists for every
 pair, observed or not), else the live one from verification.
 """
@@ -33,6 +34,7 @@ GREEDY, SAMPLING = "greedy", "sampling"
 _MODES = {ppb.DECODING_MODE_GREEDY: GREEDY, ppb.DECODING_MODE_SAMPLING: SAMPLING}
 Pair = tuple[str, str, str]   # (drafter, verifier, mode)
 CALIBRATION_WEIGHT_CAP = 256  # checks beyond which a pair weighs no more in the calibration
+CALIBRATION_SLOPE_SPREAD = 0.1  # the calibration's slope is shrunk towards 1 over this much similarity
 
 
 @dataclass(frozen=True)
@@ -48,21 +50,26 @@ class Calibration:
 
     @classmethod
     def fit(cls, points: Sequence[tuple[float, float, float]]) -> Calibration:
-        """From (similarity, acceptance, weight) of observed pairs: weighted least squares; with one pair,
-        the identity shifted through it; with none, the identity (Leviathan et al.: under sampling the
-        acceptance of a token is exactly 1 - TV)."""
+        """From (similarity, acceptance, weight) of observed pairs: weighted least squares with the slope
+        shrunk towards 1 (Leviathan et al.: under sampling the acceptance of a token is exactly 1 - TV),
+        as if two more pairs of full weight sat on the slope-1 line through the points' weighted mean,
+        `CALIBRATION_SLOPE_SPREAD` of similarity either side of it. With no pair, the identity; with one,
+        the identity shifted through it; the line follows the points' own slope once their similarities
+        spread wider than that. A pool's pairs are often alike in similarity (the demo pool's greedy pairs
+        span 0.72-0.76), and a second pair seen in a single lucky cycle (5 of 5 accepted, 0.04 more
+        similar) fitted slope 5.8 alone, which put every less measured pair at acceptance 1."""
         if not points:
             return cls()
         w = sum(p[2] for p in points)
         mx = sum(x * wt for x, _, wt in points) / w
         my = sum(y * wt for _, y, wt in points) / w
-        sxx = sum(wt * (x - mx) ** 2 for x, _, wt in points)
-        if len(points) < 2 or sxx < 1e-6:
-            return cls(my - mx, 1.0, len(points))
+        prior = 2 * CALIBRATION_WEIGHT_CAP * CALIBRATION_SLOPE_SPREAD**2   # the two pairs' sum of squares
+        sxx = sum(wt * (x - mx) ** 2 for x, _, wt in points) + prior
+        sxy = sum(wt * (x - mx) * (y - my) for x, y, wt in points) + prior
         # acceptance does not fall as similarity rises: a falling line is noise over a few pairs (on the
         # demo pool, four greedy pairs once fitted slope -2.45, which made the least similar pair of the
         # pool the most promising); the least squares line with slope >= 0 is then the flat one
-        slope = max(0.0, sum(wt * (x - mx) * (y - my) for x, y, wt in points) / sxx)
+        slope = max(0.0, sxy / sxx)
         return cls(my - slope * mx, slope, len(points))
 
 

@@ -198,21 +198,35 @@ def test_pairs_far_behind_are_explored_less_often() -> None:
 
 
 def test_calibration_never_falls_with_similarity() -> None:
-    """A few noisy pairs can fit a falling line; least squares under slope >= 0 is then the flat line
-    through their weighted mean, so no pair is predicted better for being less similar."""
-    points = [(0.72, 0.80, 200.0), (0.76, 0.69, 50.0), (0.80, 0.70, 100.0), (0.85, 0.66, 50.0)]
+    """Pairs can fit a falling line; least squares under slope >= 0 is then the flat line through their
+    weighted mean, so no pair is predicted better for being less similar."""
+    points = [(0.3, 0.85, 256.0), (0.5, 0.80, 256.0), (0.7, 0.70, 256.0), (0.9, 0.66, 256.0)]
     line = Calibration.fit(points)
     mean = sum(y * w for _, y, w in points) / sum(w for *_, w in points)
     assert line.slope == 0.0 and line(0.1) == line(0.9) == pytest.approx(mean)
-    mirrored = Calibration.fit([(1.57 - x, y, w) for x, y, w in points])     # the same points, rising
-    assert mirrored.slope > 1.0 and mirrored(1.57 - 0.72) == pytest.approx(0.80, abs=0.05)
+    mirrored = Calibration.fit([(1.2 - x, y, w) for x, y, w in points])     # the same points, rising
+    assert 0.3 < mirrored.slope < 1.0 and mirrored(1.2 - 0.3) == pytest.approx(0.85, abs=0.03)
+
+
+def test_a_lightly_measured_pair_does_not_tilt_the_calibration() -> None:
+    """Two pairs 0.037 apart in similarity, the second seen in one lucky cycle: least squares alone fits
+    slope 5.8 and puts a slightly more similar pair at acceptance 1; shrunk towards slope 1, the line
+    moves the prior by the similarity difference and little more."""
+    points = [(0.720, 0.79, 256.0), (0.757, 1.0, 5.0)]
+    line = Calibration.fit(points)
+    assert line.slope == pytest.approx(1.0, abs=0.05)
+    assert line(0.763) == pytest.approx(0.79 + (0.763 - 0.720), abs=0.01)
+    # pairs alike in similarity that disagree set the level, not a slope of their own
+    alike = Calibration.fit([(0.72, 0.70, 256.0), (0.74, 0.90, 256.0)])
+    assert alike.slope < 2.0 and alike(0.80) < 0.95
 
 
 def test_calibration_recovers_a_line_and_starts_as_the_identity() -> None:
     assert Calibration.fit([])(0.7) == pytest.approx(0.7)
     assert Calibration.fit([(0.5, 0.6, 1.0)])(0.7) == pytest.approx(0.8)
-    line = Calibration.fit([(x, 0.1 + 0.8 * x, 1.0) for x in (0.2, 0.5, 0.9)])
-    assert (line.intercept, line.slope) == (pytest.approx(0.1), pytest.approx(0.8))
+    # pairs of full weight spread over similarity: their own slope, nudged towards 1 by the prior
+    line = Calibration.fit([(x, 0.1 + 0.8 * x, 256.0) for x in (0.2, 0.5, 0.9)])
+    assert line.slope == pytest.approx(0.8, abs=0.02) and line(0.5) == pytest.approx(0.5, abs=0.01)
     assert line(2.0) == 1.0 and line(-1.0) == 0.0
 
 
