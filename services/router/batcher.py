@@ -2,9 +2,10 @@
 
 One loop thread owns every `ChainBatch`. Requests that ask for the same static (chain, window), or
 leave the choice to the router, share a batch; each row keeps its own sampling parameters and seed.
-Between cycles the loop admits new requests (prefill joins them to their batch), drops cancelled
-ones (their worker rows are released), runs one cycle per batch, and hands emitted tokens to each
-request's handle. A failing worker fails the rows of its batch only.
+Between cycles the loop admits new requests (prefill joins them to their batch; those that came in
+during that prefill are admitted too, so a burst starts as one batch), drops cancelled ones (their
+worker rows are released), runs one cycle per batch, and hands emitted tokens to each request's
+handle. A failing worker fails the rows of its batch only.
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ class Batcher:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            self._admit(block=not self._batches)
+            if self._admit(block=not self._batches):
+                # requests that came in while those were prefilled join before the first cycle: clients
+                # that send together arrive a few ms apart, and a prefill takes longer than that
+                self._admit(block=False)
             for key, batch in list(self._batches.items()):
                 self._drop_cancelled(batch)
                 if batch.rows:
@@ -125,11 +129,12 @@ class Batcher:
             for row in list(batch.rows.values()):
                 self._fail(batch, row.row_id, RuntimeError("the router is shutting down"))
 
-    def _admit(self, block: bool) -> None:
+    def _admit(self, block: bool) -> bool:
+        """Prefills the requests waiting (waiting up to IDLE_WAIT_S for one if `block`); False if none were."""
         try:
             handles = [self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()]
         except queue.Empty:
-            return
+            return False
         while not self._inbox.empty():
             handles.append(self._inbox.get_nowait())
         by_key: dict[tuple, list[RequestHandle]] = defaultdict(list)
@@ -158,6 +163,7 @@ class Batcher:
             for h in group:
                 h.joined_ns = now
                 self._handles[h.row_id] = h
+        return True
 
     def _drop_cancelled(self, batch: ChainBatch) -> None:
         gone = [r for r in batch.rows if self._handles[r].cancelled.is_set()]

@@ -1,0 +1,51 @@
+"""The continuous batcher on a tiny pool: when requests join the running batches."""
+
+from __future__ import annotations
+
+import threading
+
+from specrouter.router.batcher import Batcher, Failed, Finished
+from specrouter.router.requests import GenerationRequest
+from specrouter.worker.sampling import SamplingParams
+
+CONTEXT = 256
+
+
+def finish(handle, timeout: float = 60.0) -> Finished:
+    while True:
+        event = handle.events.get(timeout=timeout)
+        if isinstance(event, Failed):
+            raise event.error
+        if isinstance(event, Finished):
+            return event
+
+
+def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_pool) -> None:
+    """Clients that send together arrive a few ms apart; the second must not wait out a cycle of the
+    first alone (at batch 4 every wave began with one-row cycles, on a window planned for one row)."""
+    target = tiny_pool["t"]
+    prefill = target.prefill
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_prefill(state_id, rows):
+        entered.set()
+        assert release.wait(30), "the test never let the prefill finish"
+        return prefill(state_id, rows)
+
+    target.prefill = slow_prefill
+    sizes: list[int] = []
+    batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window),
+                      on_cycle_done=lambda batch, report, rows, ns, auto: sizes.append(len(rows)))
+    batcher.start()
+    try:
+        request = GenerationRequest([5, 9, 3], SamplingParams(), 6, chain=("s", "t"), window=2)
+        first = batcher.submit(request)
+        assert entered.wait(30)
+        target.prefill = prefill
+        second = batcher.submit(GenerationRequest([7, 1], SamplingParams(), 6, chain=("s", "t"), window=2))
+        release.set()
+        assert len(finish(first).token_ids) == len(finish(second).token_ids) == 6
+    finally:
+        target.prefill = prefill
+        batcher.stop()
+    assert sizes[0] == 2, f"the first cycle ran {sizes[0]} row(s); batch sizes by cycle: {sizes}"
