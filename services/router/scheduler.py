@@ -35,11 +35,13 @@ worse (the rows left at the end of a wave are the ones that drafted worst: they 
 Each row keeps a record of its accepted tokens against the prediction it ran under (decayed by
 `row_memory` a cycle); over the batch's rows, shrunk by `batch_prior_checks` checks towards the
 prediction, it gives the batch's shift in log-odds, rounded to `batch_odds_step`, and the batch is
-planned with the acceptance of the pairs its standing chain runs shifted by it (the record is about
-those: on repetitive text the rows beat the pool by the cap on 1m -> 29m while 5m -> 29m, shifted
-alike, was predicted 0.92 and realized 0.77-0.85). The shift goes further down (`batch_odds_down`) than
-up (`batch_odds_up`): rows that drafted worse stay worse (they are what a wave's tail is made of), while
-a streak of easy tokens mostly ends (greedy cycles after one predicted 2-4x the tokens they emitted).
+planned with acceptance shifted by it: upwards, only the pairs its standing chain runs (the record is
+about those: on repetitive text the rows beat the pool by the cap on 1m -> 29m while 5m -> 29m, shifted
+alike, was predicted 0.92 and realized 0.77-0.85); downwards, every pair (rows hard for one drafter are
+hard for the others: shifting the standing chain's pairs alone made chains the rows never ran look
+better). The shift goes further down (`batch_odds_down`) than up (`batch_odds_up`): rows that drafted
+worse stay worse (they are what a wave's tail is made of), while a streak of easy tokens mostly ends
+(greedy cycles after one predicted 2-4x the tokens they emitted).
 A shift not yet planned is planned by the background planner, the nearest planned one serving meanwhile.
 
 Forward times depend on more than the batch size and tokens per row the profiler keys them by: a
@@ -456,8 +458,11 @@ class Scheduler:
         greedy = sum(1 for r in rows if r.sampling.greedy)
         base = plan = self.plan(greedy, len(rows) - greedy)
         shift = batch_shift(rows, s.batch_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
-        # the rows' record is of the pairs they ran: the standing chain's
-        pairs = frozenset(chain_pairs(state.current.chain)) if state.current is not None else None
+        # the rows' record is of the pairs they ran, the standing chain's: rows that draft better than
+        # predicted move those pairs alone (what one drafter finds easy another may not), rows that
+        # draft worse move every pair (text hard for one drafter is hard for the others), so that the
+        # record never makes a chain it did not measure look better than the one it did
+        pairs = frozenset(chain_pairs(state.current.chain)) if state.current is not None and shift > 0 else None
         if shift:
             plan = self.plan(greedy, len(rows) - greedy, shift, pairs)
         scales = self._latency_scales(rows)

@@ -523,7 +523,7 @@ def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> No
     assert p == raw
 
 
-def test_a_batch_shift_moves_only_the_pairs_its_rows_ran() -> None:
+def test_a_batch_shift_up_moves_only_the_pairs_its_rows_ran() -> None:
     """The rows' record is of the standing chain's pairs: a batch beating the prediction on (a, t) is
     planned with (a, t) shifted, while chains of other pairs keep the pool's rates."""
     from specrouter.router.scheduler import chain_pairs
@@ -545,3 +545,25 @@ def test_a_batch_shift_moves_only_the_pairs_its_rows_ran() -> None:
             assert p.emitted > base.by_key[(p.chain, p.window)].emitted
         else:
             assert p.emitted == base.by_key[(p.chain, p.window)].emitted
+
+
+def test_a_batch_shift_down_moves_every_pair() -> None:
+    """Rows drafting worse than predicted on (a, t) are planned with every pair shifted down, so that no
+    chain they never ran gains on the standing one; target-only, with no pair, keeps its cost."""
+    acceptance = {("a", "t"): 0.7, ("b", "t"): 0.7, ("a", "b"): 0.7, ("b", "a"): 0.7}
+    sched, _ = make(acceptance, explore_after_s=1e9)
+    batch = FakeBatch(2)
+    chain, _ = sched.choose(batch)
+    assert chain == ("a", "t")
+    for r in batch.rows.values():
+        r.acceptance_record[:] = [30.0, 100.0, 70.0, 100.0]
+    sched.choose(batch)
+    (key,) = [k for k in sched._plans if k[2] != 0 and k[0] == 2]
+    assert key[2] < 0 and key[3] is None
+    shifted_plan, base = sched._plans[key], sched.plan(2, 0)
+    for p in shifted_plan.predictions:
+        before = base.by_key[(p.chain, p.window)]
+        if len(p.chain) == 1:
+            assert p.emitted == before.emitted == 1.0
+        else:
+            assert p.emitted < before.emitted
