@@ -523,21 +523,27 @@ def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> No
     assert p == raw
 
 
+def _planned_after_record(rate: float, record: list[float]):
+    """A two-row batch on (a, t) with every pair at `rate`, whose rows then carry `record`: the shifted
+    plan's key, that plan, and the unshifted one."""
+    sched, _ = make({("a", "t"): rate, ("b", "t"): rate, ("a", "b"): rate, ("b", "a"): rate}, explore_after_s=1e9)
+    batch = FakeBatch(2)
+    chain, _ = sched.choose(batch)
+    assert chain == ("a", "t")
+    for r in batch.rows.values():
+        r.acceptance_record[:] = record
+    sched.choose(batch)
+    (key,) = [k for k in sched._plans if k[2] != 0 and k[0] == 2]   # (the one-row plan is shifted too)
+    return key, sched._plans[key], sched.plan(2, 0)
+
+
 def test_a_batch_shift_up_moves_only_the_pairs_its_rows_ran() -> None:
     """The rows' record is of the standing chain's pairs: a batch beating the prediction on (a, t) is
     planned with (a, t) shifted, while chains of other pairs keep the pool's rates."""
     from specrouter.router.scheduler import chain_pairs
 
-    sched, _ = make({("a", "t"): 0.6, ("b", "t"): 0.6, ("a", "b"): 0.6, ("b", "a"): 0.6}, explore_after_s=1e9)
-    batch = FakeBatch(2)
-    chain, _ = sched.choose(batch)
-    assert chain == ("a", "t")
-    for r in batch.rows.values():
-        r.acceptance_record[:] = [90.0, 100.0, 60.0, 100.0]
-    sched.choose(batch)
-    (key,) = [k for k in sched._plans if k[2] != 0 and k[0] == 2]   # (the one-row plan is shifted too)
+    key, shifted_plan, base = _planned_after_record(0.6, [90.0, 100.0, 60.0, 100.0])
     assert key[2] > 0 and key[3] == frozenset({("a", "t")})
-    shifted_plan, base = sched._plans[key], sched.plan(2, 0)
     for p in shifted_plan.predictions:
         if len(p.chain) == 1:
             continue
@@ -550,17 +556,8 @@ def test_a_batch_shift_up_moves_only_the_pairs_its_rows_ran() -> None:
 def test_a_batch_shift_down_moves_every_pair() -> None:
     """Rows drafting worse than predicted on (a, t) are planned with every pair shifted down, so that no
     chain they never ran gains on the standing one; target-only, with no pair, keeps its cost."""
-    acceptance = {("a", "t"): 0.7, ("b", "t"): 0.7, ("a", "b"): 0.7, ("b", "a"): 0.7}
-    sched, _ = make(acceptance, explore_after_s=1e9)
-    batch = FakeBatch(2)
-    chain, _ = sched.choose(batch)
-    assert chain == ("a", "t")
-    for r in batch.rows.values():
-        r.acceptance_record[:] = [30.0, 100.0, 70.0, 100.0]
-    sched.choose(batch)
-    (key,) = [k for k in sched._plans if k[2] != 0 and k[0] == 2]
+    key, shifted_plan, base = _planned_after_record(0.7, [30.0, 100.0, 70.0, 100.0])
     assert key[2] < 0 and key[3] is None
-    shifted_plan, base = sched._plans[key], sched.plan(2, 0)
     for p in shifted_plan.predictions:
         before = base.by_key[(p.chain, p.window)]
         if len(p.chain) == 1:
