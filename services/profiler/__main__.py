@@ -27,7 +27,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help="port to listen on (0: a free one)")
     parser.add_argument("--host", help="address to bind")
     parser.add_argument("--redis-url", help="Redis URL; without one the metrics stay in this process")
-    parser.add_argument("--ema-alpha", type=float, help="weight of the newest report in every EMA")
+    parser.add_argument("--ema-alpha", type=float, help="weight of the newest report in the latency and similarity EMAs")
+    parser.add_argument("--acceptance-alpha", type=float, help="weight of the newest check in the acceptance EMAs")
     parser.add_argument("--key-prefix", help="prefix of the Redis keys")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
@@ -48,9 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
-    log.info("metrics %s, ema_alpha %g",
+    log.info("metrics %s, ema_alpha %g, acceptance_alpha %g",
              "in memory" if settings.redis_url is None else f"in Redis under {settings.key_prefix!r}",
-             settings.ema_alpha)
+             settings.ema_alpha, settings.acceptance_alpha)
     print(f"profiler listening on {settings.host}:{port}", flush=True)  # the line process supervisors wait for
     stop.wait()
     log.info("shutting down (grace %.1f s)", settings.grace_s)

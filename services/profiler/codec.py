@@ -56,5 +56,6 @@ def snapshot_to_pb(view: SnapshotView) -> pb.SnapshotResponse:
         similarity=[pb.Similarity(drafter=s.drafter, verifier=s.verifier, mode=_MODE_TO_PB[s.mode],
                                   ema_similarity=s.ema_similarity, samples=s.samples,
                                   positions_total=s.positions_total) for s in metrics.similarity],
-        stale=view.stale, age_ms=view.age_ms, ema_alpha=view.ema_alpha, reports_dropped=view.reports_dropped,
+        stale=view.stale, age_ms=view.age_ms, ema_alpha=view.constants.ema_alpha,
+        acceptance_alpha=view.constants.acceptance_alpha, reports_dropped=view.reports_dropped,
     )

@@ -5,14 +5,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from specrouter.profiler.metrics import FAMILIES, Ema, Records, Update
+from specrouter.profiler.metrics import FAMILIES, Ema, EmaConstants, Records, Update
 
 
 class MemoryStore:
     """A dict of EMA records behind a lock; lost when the process ends, never unavailable."""
 
-    def __init__(self, ema_alpha: float):
-        self.ema_alpha = ema_alpha
+    def __init__(self, ema_alpha: float, acceptance_alpha: float = EmaConstants.acceptance_alpha):
+        self.constants = EmaConstants(ema_alpha, acceptance_alpha)
         self._records: dict[str, dict[str, Ema]] = {family: {} for family in FAMILIES}
         self._lock = threading.Lock()
 
@@ -20,7 +20,7 @@ class MemoryStore:
         with self._lock:
             for u in updates:
                 table = self._records[u.family]
-                table[u.field] = table.get(u.field, Ema.zero(len(u.x))).updated(u.x, self.ema_alpha)
+                table[u.field] = table.get(u.field, Ema.zero(len(u.x))).updated(u.x, *self.constants.step(u))
 
     def records(self) -> Records:
         with self._lock:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specrouter.profiler.errors import StoreUnavailable
-from specrouter.profiler.metrics import MetricsSnapshot, Update
+from specrouter.profiler.metrics import EmaConstants, MetricsSnapshot, Update
 from specrouter.profiler.store import MetricStore
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class SnapshotView:
     metrics: MetricsSnapshot
     stale: bool
     age_ms: int
-    ema_alpha: float
+    constants: EmaConstants
     reports_dropped: int
 
 
@@ -73,10 +73,10 @@ class ResilientMetrics:
                 with self._lock:
                     self._last, self._last_at = metrics, self._clock()
                 self._succeeded()
-                return SnapshotView(metrics, False, 0, self._store.ema_alpha, self._dropped)
+                return SnapshotView(metrics, False, 0, self._store.constants, self._dropped)
         with self._lock:
             age_ms = round((self._clock() - self._last_at) * 1000)
-            return SnapshotView(self._last, True, age_ms, self._store.ema_alpha, self._dropped)
+            return SnapshotView(self._last, True, age_ms, self._store.constants, self._dropped)
 
     def _may_try(self) -> bool:
         with self._lock:

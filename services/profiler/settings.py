@@ -14,12 +14,17 @@ class ProfilerSettings(BaseSettings):
     redis_url: str | None = None
     host: str = "[::]"
     port: int = Field(50053, ge=0, le=65535, description="0 picks a free port")
-    # The weight of the newest report in every EMA. 0.1 gives a memory of about 1 / alpha = 10 reports per
-    # key (half-life ln 2 / alpha, about 7): enough to smooth the noise of single forward passes and
-    # acceptance draws, short enough to follow a change of load or prompts within a few dozen steps.
+    # The weight of the newest report in the forward latency and similarity EMAs. 0.1 gives a memory of
+    # about 1 / alpha = 10 reports per key (half-life ln 2 / alpha, about 7): enough to smooth the noise
+    # of single forward passes, short enough to follow a change of load within a few dozen steps.
     # The memory counts reports, not seconds: the more routers report to a key, the faster it turns over.
     ema_alpha: float = Field(0.1, gt=0.0, le=1.0)
-    # Prefix of the Redis keys; profilers sharing a prefix share their metrics (and must share ema_alpha).
+    # The weight of the newest check in the acceptance EMAs (metrics.py): 0.01 remembers about 200
+    # checks per position, a rate within about 0.03 of its mean; 12 cycles at batch 16, 200 (a dozen
+    # 48-token requests) at batch 1, where a batch's own record (the scheduler's batch shift) follows
+    # a change of prompts sooner.
+    acceptance_alpha: float = Field(0.01, gt=0.0, le=1.0)
+    # Prefix of the Redis keys; profilers sharing a prefix share their metrics (and must share both alphas).
     key_prefix: str = Field("specrouter:profiler", min_length=1)
     redis_timeout_s: float = Field(0.5, gt=0.0, description="connect and read timeout of one Redis call")
     # After the store failed, calls within this many seconds skip it (stale snapshot, dropped report) so

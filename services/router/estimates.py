@@ -3,10 +3,10 @@
 Acceptance of an ordered pair (drafter, verifier) in a decoding mode, per draft position i, is the
 profiler's EMA of the realized rate, shrunk in two steps by `prior_weight` pseudo-checks: each position
 towards the pair's rate pooled over its positions, and that pooled rate towards the pair's prior. The
-counts are effective ones: an EMA remembers about (2 - alpha) / alpha reports, so a position's weight is
-its checks per report times that, never more than its checks, and times the fraction of the pair's
-reports that reached it (a deep position's EMA reaches further back in time: under a changing workload it
-is stale). Deep positions are checked rarely; this keeps an easy stretch long gone from making a long
+counts are effective ones: the EMA remembers about (2 - alpha) / alpha checks (alpha: the profiler's
+`acceptance_alpha`), so a position weighs that many, never more than its checks, times the fraction of
+the pair's reports that reached it (a deep position's EMA reaches further back in time: under a
+changing workload it is stale). Deep positions are checked rarely; this keeps an easy stretch long gone from making a long
 window look good. Positions deeper than any measured take the deepest one's estimate (greedy acceptance
 tends to rise with depth, so the pooled rate, dominated by position 0, would keep windows from growing);
 a pair never measured takes its prior at every position.
@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specrouter.pool.similarity import PairSimilarity
+from specrouter.profiler.metrics import EmaConstants
 from specrouter.router.cost_model import LatencyTable
 from specrouter.v1 import profiler_pb2 as ppb
 
@@ -88,8 +89,8 @@ class AcceptanceEstimates:
         self.live_similarity: dict[Pair, float] = {}
         self.offline_similarity: dict[Pair, float] = {(s.drafter, s.verifier, s.mode): s.similarity for s in offline}
         if snapshot is not None:
-            alpha = snapshot.ema_alpha or 0.1
-            memory = (2 - alpha) / alpha        # reports an EMA effectively averages
+            alpha = snapshot.acceptance_alpha or EmaConstants.acceptance_alpha
+            memory = (2 - alpha) / alpha        # checks an EMA effectively averages
             reports: dict[Pair, int] = {}
             for a in snapshot.acceptance:
                 if a.mode in _MODES:
@@ -98,7 +99,7 @@ class AcceptanceEstimates:
             for a in snapshot.acceptance:
                 if a.proposed_total > 0 and a.mode in _MODES:
                     pair = (a.drafter, a.verifier, _MODES[a.mode])
-                    checks = min(float(a.proposed_total), memory * a.proposed_total / max(a.samples, 1))
+                    checks = min(float(a.proposed_total), memory)
                     # a position reached in a fraction of the pair's reports last moved that much longer ago
                     checks *= a.samples / reports[pair]
                     self.observed.setdefault(pair, {})[a.position] = PositionRate(a.ema_acceptance_rate, checks)

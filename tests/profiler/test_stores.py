@@ -11,12 +11,13 @@ from specrouter.v1 import profiler_pb2 as pb
 
 from .reports import GREEDY, SAMPLING, acceptance, forward, similarity, snapshot, without_age
 
-ALPHA = 0.1
+ALPHA = 0.1              # per report: forward latency and similarity
+ACCEPTANCE_ALPHA = 0.01  # per check: acceptance (the stores' default)
 
 
-def _weighted_mean(values: list[float], weights: list[float] | None = None) -> float:
+def _weighted_mean(values: list[float], weights: list[float] | None = None, alpha: float = ALPHA) -> float:
     """The EMA with a zero start, divided by the EMA of 1: sum_i w_i v_i / sum_i w_i, w_i = (1 - alpha)^(n - i)."""
-    decay = [(1 - ALPHA) ** (len(values) - 1 - i) for i in range(len(values))]
+    decay = [(1 - alpha) ** (len(values) - 1 - i) for i in range(len(values))]
     weights = weights or [1.0] * len(values)
     return sum(d * w * v for d, w, v in zip(decay, weights, values)) / sum(d * w for d, w in zip(decay, weights))
 
@@ -37,7 +38,7 @@ def test_snapshot_holds_the_ema_of_each_key(kind, make_store, serve, connect) ->
             acceptance=[acceptance(a, p, position=2, mode=SAMPLING)],
             similarity=[similarity(sim, mode=SAMPLING, positions=n)]), timeout=10)
     got = snapshot(stub)
-    assert not got.stale and got.ema_alpha == ALPHA
+    assert not got.stale and got.ema_alpha == ALPHA and got.acceptance_alpha == ACCEPTANCE_ALPHA
 
     assert [(f.batch_size_bucket, f.tokens_per_row_bucket, f.samples) for f in got.forward] == [(32, 1, 6), (64, 1, 3)]
     assert got.forward[0].ema_forward_ns == pytest.approx(_weighted_mean([t for t in times for _ in (0, 1)]), rel=1e-12)
@@ -46,12 +47,32 @@ def test_snapshot_holds_the_ema_of_each_key(kind, make_store, serve, connect) ->
     [acc] = got.acceptance
     assert (acc.drafter, acc.verifier, acc.mode, acc.position) == ("s", "t", SAMPLING, 2)
     assert (acc.accepted_total, acc.proposed_total, acc.samples) == (4, 7, 3)
-    rates = [a / p for a, p in counts]
-    assert acc.ema_acceptance_rate == pytest.approx(_weighted_mean(rates, [p for _, p in counts]), rel=1e-12)
+    # check by check: a report of p checks is p steps, each bringing the report's rate
+    per_check = [a / p for a, p in counts for _ in range(p)]
+    assert acc.ema_acceptance_rate == pytest.approx(_weighted_mean(per_check, alpha=ACCEPTANCE_ALPHA), rel=1e-12)
 
     [sim] = got.similarity
     assert (sim.samples, sim.mode, sim.positions_total) == (3, SAMPLING, 7)
     assert sim.ema_similarity == pytest.approx(_weighted_mean([0.5, 0.7, 0.9], [4, 1, 2]), rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_acceptance_remembers_checks_not_reports(kind, make_store, serve, connect) -> None:
+    """A pair drafting perfectly, then 16 rejections: whether they come as 16 reports of one check (batch
+    1) or one report of 16 (batch 16), the rate falls alike; a memory counted in reports would fall
+    16 times as far at batch 1 as at batch 16 (here 0.19 against 0.90)."""
+    stub = connect(serve(make_store(kind)))
+    for rows in (1, 16):   # one drafter per batch size
+        for _ in range(800 // rows):
+            stub.Report(pb.ReportRequest(acceptance=[acceptance(rows, rows, drafter=f"s{rows}")]), timeout=10)
+        for _ in range(16 // rows):
+            stub.Report(pb.ReportRequest(acceptance=[acceptance(0, rows, drafter=f"s{rows}")]), timeout=10)
+    a, b = sorted(snapshot(stub).acceptance, key=lambda r: len(r.drafter))
+    assert (a.proposed_total, b.proposed_total) == (816, 816) and (a.samples, b.samples) == (816, 51)
+    fallen = 1 - (1 - ACCEPTANCE_ALPHA) ** 16   # the weight of the last 16 checks
+    expected = (1 - fallen) * (1 - (1 - ACCEPTANCE_ALPHA) ** 800) / (1 - (1 - ACCEPTANCE_ALPHA) ** 816)
+    assert a.ema_acceptance_rate == pytest.approx(expected, rel=1e-9)
+    assert b.ema_acceptance_rate == pytest.approx(expected, rel=1e-9)
 
 
 def _random_reports(seed: int, count: int) -> list[pb.ReportRequest]:

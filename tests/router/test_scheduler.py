@@ -39,7 +39,7 @@ class FakeBatch:
 
 def snapshot(acceptance: dict[tuple[str, str], float], checks: int = 10_000, depth: int = 9,
              samples: int = 100) -> ppb.SnapshotResponse:
-    s = ppb.SnapshotResponse(ema_alpha=0.1)
+    s = ppb.SnapshotResponse(ema_alpha=0.1, acceptance_alpha=0.01)
     for model, ms in DECODE_MS.items():
         for b in (1, 2, 3, 4, 8, 16):
             for k in range(1, 11):
@@ -240,15 +240,16 @@ def test_prior_of_an_unobserved_pair_comes_from_calibrated_similarity() -> None:
     assert est.prior(("b", "a", "greedy")) == 0.5   # no similarity at all: the default
     # an observed pair uses its measurements, shrunk by prior_weight pseudo-checks (towards the default
     # here: without similarities there is no calibration)
-    # (0.1 EMA: about 19 reports remembered; one report of 16 checks weighs 16)
+    # (acceptance_alpha 0.01: about 199 checks remembered; a report of 16 checks weighs 16)
     few = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=16, depth=1, samples=1), (), prior_weight=16,
                               default_acceptance=0.5)
     pooled = (16 * 0.2 + 16 * 0.5) / 32
     assert few.rates(("a", "t", "greedy"), 2) == pytest.approx([(16 * 0.2 + 16 * pooled) / 32] * 2)
-    # many reports of one check each: the EMA remembers about 19 of them, not all 10,000
-    many = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=10_000, depth=1, samples=10_000), (),
-                               prior_weight=16, default_acceptance=0.5)
-    assert many.observed[("a", "t", "greedy")][0].checks == pytest.approx(19.0)
+    # 10,000 checks, in reports of one check or of a hundred: the EMA remembers about 199 of them
+    for reports in (10_000, 100):
+        many = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=10_000, depth=1, samples=reports), (),
+                                   prior_weight=16, default_acceptance=0.5)
+        assert many.observed[("a", "t", "greedy")][0].checks == pytest.approx(199.0)
 
 
 def test_deeper_positions_take_the_deepest_measured_rate() -> None:

@@ -129,7 +129,7 @@ class Similarity(_message.Message):
     def __init__(self, drafter: _Optional[str] = ..., verifier: _Optional[str] = ..., ema_similarity: _Optional[float] = ..., samples: _Optional[int] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., positions_total: _Optional[int] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
-    __slots__ = ("forward", "acceptance", "similarity", "stale", "age_ms", "ema_alpha", "reports_dropped")
+    __slots__ = ("forward", "acceptance", "similarity", "stale", "age_ms", "ema_alpha", "reports_dropped", "acceptance_alpha")
     FORWARD_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     SIMILARITY_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class SnapshotResponse(_message.Message):
     AGE_MS_FIELD_NUMBER: _ClassVar[int]
     EMA_ALPHA_FIELD_NUMBER: _ClassVar[int]
     REPORTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_ALPHA_FIELD_NUMBER: _ClassVar[int]
     forward: _containers.RepeatedCompositeFieldContainer[ForwardLatency]
     acceptance: _containers.RepeatedCompositeFieldContainer[AcceptanceRate]
     similarity: _containers.RepeatedCompositeFieldContainer[Similarity]
@@ -144,4 +145,5 @@ class SnapshotResponse(_message.Message):
     age_ms: int
     ema_alpha: float
     reports_dropped: int
-    def __init__(self, forward: _Optional[_Iterable[_Union[ForwardLatency, _Mapping]]] = ..., acceptance: _Optional[_Iterable[_Union[AcceptanceRate, _Mapping]]] = ..., similarity: _Optional[_Iterable[_Union[Similarity, _Mapping]]] = ..., stale: _Optional[bool] = ..., age_ms: _Optional[int] = ..., ema_alpha: _Optional[float] = ..., reports_dropped: _Optional[int] = ...) -> None: ...
+    acceptance_alpha: float
+    def __init__(self, forward: _Optional[_Iterable[_Union[ForwardLatency, _Mapping]]] = ..., acceptance: _Optional[_Iterable[_Union[AcceptanceRate, _Mapping]]] = ..., similarity: _Optional[_Iterable[_Union[Similarity, _Mapping]]] = ..., stale: _Optional[bool] = ..., age_ms: _Optional[int] = ..., ema_alpha: _Optional[float] = ..., reports_dropped: _Optional[int] = ..., acceptance_alpha: _Optional[float] = ...) -> None: ...
