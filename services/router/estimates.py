@@ -4,9 +4,15 @@ Acceptance of an ordered pair (drafter, verifier) in a decoding mode, per draft 
 profiler's EMA of the realized rate, shrunk in two steps by `prior_weight` pseudo-checks: each position
 towards the pair's rate pooled over its positions, and that pooled rate towards the pair's prior. The
 counts are effective ones: the EMA remembers about (2 - alpha) / alpha checks (alpha: the profiler's
-`acceptance_alpha`), so a position weighs that many, never more than its checks, times the fraction of
-the pair's reports that reached it (a deep position's EMA reaches further back in time: under a
-changing workload it is stale). Deep positions are checked rarely; this keeps an easy stretch long gone from making a long
+`acceptance_alpha`), so a position weighs that many, never more than its checks, times its share of
+the pool's recent reports (`RecentReports`: its reports over the most reported pair's, both decayed
+over the last cycles of the pool). A deep position, reached in a fraction of the cycles, last moved
+that much longer ago; and a pair the batches stopped running keeps, in the profiler, the rate of the
+text it ran on last: when the text changes, the pairs still running show it and that one does not (on
+a switch from repetitive text to prose, 5m -> 29m kept its repetitive rates, 0.88-0.94 a position, and
+was picked and run for whole requests, at window 8 emitting 3.5 tokens a cycle against 5.5
+predicted). Its weight fades as the pool runs on without it, so its estimate falls back to its prior,
+which the calibration ties to the pairs measured now. Deep positions are checked rarely; this keeps an easy stretch long gone from making a long
 window look good. Positions deeper than any measured take the deepest one's estimate (greedy acceptance
 tends to rise with depth, so the pooled rate, dominated by position 0, would keep windows from growing);
 a pair never measured takes its prior at every position.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -80,9 +87,45 @@ class PositionRate:
     checks: float   # effective checks behind the EMA (see the module's docstring)
 
 
+class RecentReports:
+    """Per (pair, position), how much of the pool's recent running reached it: the reports (cycles that
+    checked it) in each snapshot's growth of its count, decayed by e^(-1/`cycles`) per report of the
+    pool (reports at position 0 over every pair: about one per cycle of each running batch), over the
+    same count of the pool's most reported pair at position 0. It fades only while the pool runs on
+    without the pair, not while nothing runs. A position seen for the first time counts whole."""
+
+    def __init__(self, cycles: float):
+        self.cycles = cycles
+        self._seen: dict[tuple[Pair, int], tuple[int, float, int]] = {}   # -> (samples, count, pool clock)
+        self._lock = threading.Lock()
+
+    def update(self, snapshot: ppb.SnapshotResponse) -> None:
+        clock = sum(a.samples for a in snapshot.acceptance if a.position == 0)
+        with self._lock:
+            for a in snapshot.acceptance:
+                if a.mode not in _MODES:
+                    continue
+                key = ((a.drafter, a.verifier, _MODES[a.mode]), a.position)
+                old = self._seen.get(key)
+                if old is None or a.samples < old[0] or clock < old[2]:   # new, or the store was reset
+                    count = float(a.samples)
+                else:
+                    samples, count, then = old
+                    count = count * math.exp(-(clock - then) / self.cycles) + (a.samples - samples)
+                self._seen[key] = (a.samples, count, clock)
+
+    def shares(self) -> dict[tuple[Pair, int], float]:
+        """(pair, position) -> its recent reports over the most reported pair's at position 0, in [0, 1]."""
+        with self._lock:
+            top = max((c for (_, pos), (_, c, _) in self._seen.items() if pos == 0), default=0.0)
+            return {key: min(1.0, count / top) if top > 0 else 0.0 for key, (_, count, _) in self._seen.items()}
+
+
 class AcceptanceEstimates:
     def __init__(self, snapshot: ppb.SnapshotResponse | None, offline: Iterable[PairSimilarity] = (),
-                 prior_weight: float = 16.0, default_acceptance: float = 0.5):
+                 prior_weight: float = 16.0, default_acceptance: float = 0.5,
+                 recent: Mapping[tuple[Pair, int], float] | None = None):
+        """`recent`: `RecentReports.shares()`; without it, each position's share of its pair's reports."""
         self.prior_weight = prior_weight
         self.default_acceptance = default_acceptance
         self.observed: dict[Pair, dict[int, PositionRate]] = {}
@@ -100,8 +143,9 @@ class AcceptanceEstimates:
                 if a.proposed_total > 0 and a.mode in _MODES:
                     pair = (a.drafter, a.verifier, _MODES[a.mode])
                     checks = min(float(a.proposed_total), memory)
-                    # a position reached in a fraction of the pair's reports last moved that much longer ago
-                    checks *= a.samples / reports[pair]
+                    # a position reached in a fraction of the pool's (or its pair's) reports last moved that
+                    # much longer ago
+                    checks *= recent.get((pair, a.position), 0.0) if recent is not None else a.samples / reports[pair]
                     self.observed.setdefault(pair, {})[a.position] = PositionRate(a.ema_acceptance_rate, checks)
             for s in snapshot.similarity:
                 if s.mode in _MODES:

@@ -75,7 +75,7 @@ from pydantic import BaseModel, Field
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, predict, tail_factor
-from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, latency_table
+from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, RecentReports, latency_table
 from specrouter.v1 import profiler_pb2 as ppb
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,8 @@ class SchedulerSettings(BaseModel):
                                         # explore_after_s * g / explore_gap (0: every pair explore_after_s)
     explore_after_max_s: float = 120.0  # ... but never longer than this
     prior_weight: float = 16.0          # pseudo-checks of the similarity prior in a position's rate
+    recent_cycles: float = 50.0         # a pair's measurements fade from its estimate over this many
+                                        # reports of the pool run without it (estimates.RecentReports)
     default_acceptance: float = 0.5     # prior of a pair with no similarity at all
     overhead_alpha: float = 0.05        # EMA constant of the router's own per-call and per-cycle costs
     batch_odds_step: float = 0.25       # a batch's own acceptance shifts its plan in steps of this log-odds
@@ -285,6 +287,7 @@ class Scheduler:
         self._last_snapshot_id = None
         self._pair_seen_at: dict[Pair, float] = {}
         self._pair_checks: dict[Pair, int] = {}
+        self._recent = RecentReports(self.settings.recent_cycles)
         alpha = self.settings.overhead_alpha
         self._call_overhead: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(alpha))
         self._cycle_overhead: dict[int, _Ema] = defaultdict(lambda: _Ema(alpha))
@@ -391,7 +394,7 @@ class Scheduler:
         inputs = self._inputs
         if inputs is None or inputs[0] != version:   # one snapshot's estimates serve every composition
             inputs = self._inputs = (version, AcceptanceEstimates(snapshot, self._offline, s.prior_weight,
-                                                                  s.default_acceptance),
+                                                                  s.default_acceptance, self._recent.shares()),
                                      latency_table(snapshot, self._warmup))
         _, estimates, latency = inputs
         batch = greedy_rows + sampling_rows
@@ -426,6 +429,7 @@ class Scheduler:
 
     def _note_snapshot(self, snapshot: ppb.SnapshotResponse, now: float) -> None:
         """A pair whose checks grew since the last snapshot was measured (by any router)."""
+        self._recent.update(snapshot)
         for a in snapshot.acceptance:
             if a.position != 0:
                 continue

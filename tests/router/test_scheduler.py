@@ -9,7 +9,7 @@ import pytest
 
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.router.chain import Row
-from specrouter.router.estimates import AcceptanceEstimates, Calibration
+from specrouter.router.estimates import AcceptanceEstimates, Calibration, RecentReports
 from specrouter.router.scheduler import SchedulerSettings, Scheduler, candidate_chains, chain_pairs
 from specrouter.v1 import profiler_pb2 as ppb
 from specrouter.worker.sampling import SamplingParams
@@ -250,6 +250,40 @@ def test_prior_of_an_unobserved_pair_comes_from_calibrated_similarity() -> None:
         many = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=10_000, depth=1, samples=reports), (),
                                    prior_weight=16, default_acceptance=0.5)
         assert many.observed[("a", "t", "greedy")][0].checks == pytest.approx(199.0)
+
+
+def _pairs_snapshot(pairs: dict[tuple[str, str], tuple[float, int]]) -> ppb.SnapshotResponse:
+    """(drafter, verifier) -> (rate, reports) at position 0, one check a report."""
+    s = ppb.SnapshotResponse(ema_alpha=0.1, acceptance_alpha=0.01)
+    for (d, v), (rate, reports) in pairs.items():
+        s.acceptance.add(drafter=d, verifier=v, mode=GREEDY, position=0, ema_acceptance_rate=rate,
+                         accepted_total=round(rate * reports), proposed_total=reports, samples=reports)
+    return s
+
+
+def test_a_pair_the_pool_stopped_running_falls_back_to_its_prior() -> None:
+    """Both pairs ran on easy text (0.9); then the pool ran 500 cycles of a -> t alone on hard text
+    (0.6). b -> t, as alike to t as a is, still holds 0.9 in the profiler; it falls back to the prior
+    the calibration draws from a -> t's current rate. Nothing running fades nothing."""
+    offline = [PairSimilarity("a", "t", "greedy", 0.7, 100), PairSimilarity("b", "t", "greedy", 0.7, 100)]
+    before = _pairs_snapshot({("a", "t"): (0.9, 400), ("b", "t"): (0.9, 400)})
+    after = _pairs_snapshot({("a", "t"): (0.6, 900), ("b", "t"): (0.9, 400)})
+    recent = RecentReports(cycles=50)
+    recent.update(before)
+    assert recent.shares()[(("b", "t", "greedy"), 0)] == 1.0
+    recent.update(after)
+    shares = recent.shares()
+    assert shares[(("a", "t", "greedy"), 0)] == 1.0
+    assert shares[(("b", "t", "greedy"), 0)] == pytest.approx(400 * math.exp(-500 / 50) / (400 * math.exp(-500 / 50) + 500))
+    est = AcceptanceEstimates(after, offline, prior_weight=16, recent=shares)
+    assert est.rates(("b", "t", "greedy"), 1) == pytest.approx([0.6], abs=0.005)
+    assert est.rates(("a", "t", "greedy"), 1) == pytest.approx([0.6], abs=0.005)
+    # the same snapshot without the pool's recent history: b -> t keeps its old rate
+    lone = AcceptanceEstimates(after, offline, prior_weight=16)
+    assert lone.rates(("b", "t", "greedy"), 1) == pytest.approx([0.9], abs=0.02)
+    # the pool idle: the same totals again fade nothing
+    recent.update(after)
+    assert recent.shares() == pytest.approx(shares)
 
 
 def test_deeper_positions_take_the_deepest_measured_rate() -> None:
