@@ -27,7 +27,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help="port to listen on (0: a free one)")
     parser.add_argument("--host", help="address to bind")
     parser.add_argument("--redis-url", help="Redis URL; without one the metrics stay in this process")
-    parser.add_argument("--ema-alpha", type=float, help="weight of the newest report in the latency and similarity EMAs")
+    parser.add_argument("--ema-alpha", type=float,
+                        help="weight of the newest report in the latency and similarity EMAs")
     parser.add_argument("--acceptance-alpha", type=float, help="weight of the newest check in the acceptance EMAs")
     parser.add_argument("--key-prefix", help="prefix of the Redis keys")
     parser.add_argument("-v", "--verbose", action="store_true")

@@ -12,10 +12,10 @@ text it ran on last: when the text changes, the pairs still running show it and 
 a switch from repetitive text to prose, 5m -> 29m kept its repetitive rates, 0.88-0.94 a position, and
 was picked and run for whole requests, at window 8 emitting 3.5 tokens a cycle against 5.5
 predicted). Its weight fades as the pool runs on without it, so its estimate falls back to its prior,
-which the calibration ties to the pairs measured now. Deep positions are checked rarely; this keeps an easy stretch long gone from making a long
-window look good. Positions deeper than any measured take the deepest one's estimate (greedy acceptance
-tends to rise with depth, so the pooled rate, dominated by position 0, would keep windows from growing);
-a pair never measured takes its prior at every position.
+which the calibration ties to the pairs measured now. Deep positions are checked rarely; this keeps an
+easy stretch long gone from making a long window look good. Positions deeper than any measured take the
+deepest one's estimate (greedy acceptance tends to rise with depth, so the pooled rate, dominated by
+position 0, would keep windows from growing); a pair never measured takes its prior at every position.
 
 The prior of a pair comes from its similarity (1 - E[TV] between the two models' rows) through a
 calibration, a least-squares line from similarity to realized acceptance fitted over the pairs already
@@ -145,7 +145,8 @@ class AcceptanceEstimates:
                     checks = min(float(a.proposed_total), memory)
                     # a position reached in a fraction of the pool's (or its pair's) reports last moved that
                     # much longer ago
-                    checks *= recent.get((pair, a.position), 0.0) if recent is not None else a.samples / reports[pair]
+                    share = recent.get((pair, a.position), 0.0) if recent is not None else a.samples / reports[pair]
+                    checks *= share
                     self.observed.setdefault(pair, {})[a.position] = PositionRate(a.ema_acceptance_rate, checks)
             for s in snapshot.similarity:
                 if s.mode in _MODES:

@@ -274,7 +274,8 @@ def test_a_pair_the_pool_stopped_running_falls_back_to_its_prior() -> None:
     recent.update(after)
     shares = recent.shares()
     assert shares[(("a", "t", "greedy"), 0)] == 1.0
-    assert shares[(("b", "t", "greedy"), 0)] == pytest.approx(400 * math.exp(-500 / 50) / (400 * math.exp(-500 / 50) + 500))
+    faded = 400 * math.exp(-500 / 50)   # b's reports, 500 reports of the pool later
+    assert shares[(("b", "t", "greedy"), 0)] == pytest.approx(faded / (faded + 500))
     est = AcceptanceEstimates(after, offline, prior_weight=16, recent=shares)
     assert est.rates(("b", "t", "greedy"), 1) == pytest.approx([0.6], abs=0.005)
     assert est.rates(("a", "t", "greedy"), 1) == pytest.approx([0.6], abs=0.005)
