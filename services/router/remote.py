@@ -34,11 +34,11 @@ class RemoteWorker:
         self.bytes_received += reply.ByteSize()
         return reply
 
-    def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]]) -> StepResult:
-        reply = self._call(self.stub.Prefill, pb.PrefillRequest(state_id=state_id, rows=[
+    def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]], predictions: int = 0) -> StepResult:
+        reply = self._call(self.stub.Prefill, pb.PrefillRequest(state_id=state_id, predictions=predictions, rows=[
             pb.PrefillRow(row_id=r, tokens=list(t)) for r, t in rows]))
-        return StepResult(tokens=[[] for _ in rows], rows=[None] * len(rows),
-                          timings=protocol.timings_from_pb(reply.timing))
+        guesses = [list(p.tokens) for p in reply.predictions] if predictions else [[] for _ in rows]
+        return StepResult(tokens=guesses, rows=[None] * len(rows), timings=protocol.timings_from_pb(reply.timing))
 
     def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult:
         reply = self._call(self.stub.Draft, pb.DraftRequest(state_id=state_id, level=level, window=window,

@@ -11,7 +11,8 @@ from specrouter.worker.engine import RowStep, StepResult, VerifyRow
 class Worker(Protocol):
     name: str
 
-    def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]]) -> StepResult: ...
+    def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]], predictions: int = 0,
+                ) -> StepResult: ...
 
     def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult: ...
 

@@ -79,6 +79,16 @@ def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Ten
     return tokens.to(device), valid.to(device)
 
 
+def _last_argmax(logits: torch.Tensor, valid: torch.Tensor, n: int) -> list[list[int]]:
+    """Per row, the argmax of the logits at its last `n` valid positions (rows are right-padded)."""
+    lengths = valid.sum(1).tolist()
+    out = []
+    for i, length in enumerate(lengths):
+        start = max(0, length - n)
+        out.append(logits[i, start:length].argmax(-1).tolist())
+    return out
+
+
 class WorkerEngine:
     def __init__(self, name: str, forward: ModelForward, settings: EngineSettings = EngineSettings()):
         self.name = name
@@ -123,8 +133,11 @@ class WorkerEngine:
 
     # -- operations -------------------------------------------------------------------------------
 
-    def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]]) -> StepResult:
-        """Processes each row's tokens; creates the state, or joins the rows to it."""
+    def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]], predictions: int = 0) -> StepResult:
+        """Processes each row's tokens; creates the state, or joins the rows to it. With `predictions`, each
+        row's `tokens` are the model's argmax next token after each of its last `predictions` tokens."""
+        if predictions < 0:
+            raise StateError(f"predictions must be >= 0, got {predictions}")
         with self._lock:
             self._drop_expired(time.monotonic())
             ids = [r for r, _ in rows]
@@ -134,15 +147,18 @@ class WorkerEngine:
             fresh = self.forward.empty_state(ids)
             tokens, valid = _pad([t for _, t in rows], self.forward.device)
             timings = []
+            guesses: list[list[int]] = [[] for _ in ids]
             if tokens.shape[1]:
-                _, timing = self.forward(fresh, tokens, valid)
+                logits, timing = self.forward(fresh, tokens, valid)
                 timings.append(timing)
+                if predictions:
+                    guesses = _last_argmax(logits, valid, predictions)
             if state_id in self._states:
                 self._states[state_id].join(fresh)
                 self._states[state_id].last_used = time.monotonic()
             else:
                 self._states[state_id] = fresh
-            return StepResult(tokens=[[] for _ in ids], rows=[None] * len(ids), timings=timings)
+            return StepResult(tokens=guesses, rows=[None] * len(ids), timings=timings)
 
     def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult:
         """Samples `window` tokens per row autoregressively; returns them with the rows they came from."""

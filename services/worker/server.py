@@ -66,8 +66,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def Prefill(self, request, context):
         def run():
             start = time.perf_counter_ns()
-            result = self.engine.prefill(request.state_id, [(r.row_id, list(r.tokens)) for r in request.rows])
-            return pb.PrefillResponse(timing=protocol.timing_to_pb(result.timings, time.perf_counter_ns() - start))
+            result = self.engine.prefill(request.state_id, [(r.row_id, list(r.tokens)) for r in request.rows],
+                                         request.predictions)
+            return pb.PrefillResponse(
+                timing=protocol.timing_to_pb(result.timings, time.perf_counter_ns() - start),
+                predictions=[pb.PrefillPredictions(tokens=t) for t in result.tokens] if request.predictions else [])
         return _handle(run, context)
 
     def Draft(self, request, context):

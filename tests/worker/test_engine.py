@@ -80,3 +80,18 @@ def test_reduced_precision_chains_run_and_agree_with_target_only(dtype) -> None:
     reference = run(("t",), 1)
     assert all(len(v) == 16 for v in reference.values())
     assert run(("s", "m", "t"), 3) == reference
+
+
+def test_prefill_returns_the_models_guesses_on_the_prompt() -> None:
+    """With `predictions`, each row gets the argmax next token after each of its last tokens, exactly as
+    the model computes them alone (a shorter row's padding changes nothing)."""
+    model = tiny_llama(3, 64, 2)
+    e = WorkerEngine("t", ModelForward(model))
+    long, short = [5, 9, 2, 33, 7, 1, 12], [8, 3]
+    out = e.prefill("s", [("a", long), ("b", short)], predictions=4)
+    with torch.no_grad():
+        want = [model(torch.tensor([p])).logits[0].argmax(-1).tolist() for p in (long, short)]
+    assert out.tokens == [want[0][-4:], want[1]]       # the short row has only 2 positions
+    assert e.prefill("u", [("a", long)]).tokens == [[]]  # none asked for, none computed
+    with pytest.raises(StateError):
+        e.prefill("v", [("a", long)], predictions=-1)

@@ -64,6 +64,18 @@ def test_remote_chain_matches_in_process(workers, local, params) -> None:
         assert w.stub.Info(pb.InfoRequest()).live_states == 0, name
 
 
+def test_prefill_guesses_cross_the_wire(workers, local) -> None:
+    """The models' guesses on a prompt, asked for at prefill, come back as the engine computes them."""
+    remotes, _ = workers
+    prompt = local.encode(heldout_code_prompts(2)[1])
+    for name, w in remotes.items():
+        there = w.prefill("guesses", [("a", prompt), ("b", prompt[:5])], predictions=16)
+        here = local.engines[name].prefill("guesses", [("a", prompt), ("b", prompt[:5])], predictions=16)
+        w.release("guesses")
+        local.engines[name].release("guesses")
+        assert there.tokens == here.tokens and [len(t) for t in there.tokens] == [16, 5], name
+
+
 def test_health_info_and_status_codes(workers) -> None:
     remotes, procs = workers
     w = next(iter(remotes.values()))

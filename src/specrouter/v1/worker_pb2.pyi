@@ -91,18 +91,28 @@ class PrefillRow(_message.Message):
     def __init__(self, row_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("state_id", "rows")
+    __slots__ = ("state_id", "rows", "predictions")
     STATE_ID_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     state_id: str
     rows: _containers.RepeatedCompositeFieldContainer[PrefillRow]
-    def __init__(self, state_id: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[PrefillRow, _Mapping]]] = ...) -> None: ...
+    predictions: int
+    def __init__(self, state_id: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[PrefillRow, _Mapping]]] = ..., predictions: _Optional[int] = ...) -> None: ...
+
+class PrefillPredictions(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("timing",)
+    __slots__ = ("timing", "predictions")
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     timing: Timing
-    def __init__(self, timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+    predictions: _containers.RepeatedCompositeFieldContainer[PrefillPredictions]
+    def __init__(self, timing: _Optional[_Union[Timing, _Mapping]] = ..., predictions: _Optional[_Iterable[_Union[PrefillPredictions, _Mapping]]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("state_id", "level", "window", "rows")
