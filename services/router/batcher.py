@@ -81,8 +81,9 @@ class Batcher:
     def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int, eos_token_id: int | None,
                  choose_auto: ChooseChain, stop_check: Callable[[RequestHandle, Row], int | None] | None = None,
                  on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
-                 on_cycle_done: CycleDone | None = None):
+                 on_cycle_done: CycleDone | None = None, prompt_positions: int = 0):
         self.workers = dict(workers)
+        self.prompt_positions = prompt_positions   # prompt positions the models' guesses are compared on
         self.target = target
         self.context_length = context_length
         self.stop_tokens = frozenset() if eos_token_id is None else frozenset({eos_token_id})
@@ -142,7 +143,8 @@ class Batcher:
             if not h.cancelled.is_set():
                 by_key[(h.request.chain, h.request.window)].append(h)
         for key, group in by_key.items():
-            batch = self._batches.get(key) or ChainBatch(self.workers, self.target, self.context_length)
+            batch = self._batches.get(key) or ChainBatch(self.workers, self.target, self.context_length,
+                                                           prompt_positions=self.prompt_positions)
             rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
                         h.request.max_new_tokens, self.stop_tokens) for h in group]
             try:

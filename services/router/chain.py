@@ -20,10 +20,13 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from specrouter.router.workers import Worker
 from specrouter.worker.engine import RowStep, StepResult, VerifyRow
 from specrouter.worker.sampling import SamplingParams
+
+T = TypeVar("T")
 
 FINISH_STOP = "stop"      # EOS or a stop sequence
 FINISH_LENGTH = "length"  # max_new_tokens or the context
@@ -50,6 +53,9 @@ class Row:
     # the row's drafts against the scheduler's prediction, decayed per cycle (the scheduler keeps it):
     # [accepted, positions checked, predicted accepted, predicted positions checked]
     acceptance_record: list[float] = field(default_factory=lambda: [0.0] * 4)
+    # per pair of models (both orders): (positions of the prompt where their argmax next tokens agree,
+    # positions compared), from the prefill; how alike two models find this row before either drafts it
+    prompt_agreement: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row grows its own copy, never the caller's prompt
@@ -74,6 +80,18 @@ class CycleReport:
     call_ns: dict[str, int] = field(default_factory=dict)  # level model -> wall time of its call, round trip included
 
 
+def prompt_agreement(guesses: Mapping[str, Sequence[int]]) -> dict[tuple[str, str], tuple[int, int]]:
+    """For every two models, in both orders: (positions where their guesses agree, positions compared),
+    over the last positions both guessed at."""
+    out = {}
+    for a, b in itertools.combinations(sorted(guesses), 2):
+        n = min(len(guesses[a]), len(guesses[b]))
+        if n:
+            same = sum(x == y for x, y in zip(guesses[a][-n:], guesses[b][-n:]))
+            out[(a, b)] = out[(b, a)] = (same, n)
+    return out
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return sum(1 for _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a, b)))
 
@@ -82,12 +100,15 @@ class ChainBatch:
     """A running batch of rows and their state on every worker of the pool."""
 
     def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int,
-                 state_id: str | None = None):
+                 state_id: str | None = None, prompt_positions: int = 0):
         if target not in workers:
             raise ValueError(f"target {target!r} is not among the workers {sorted(workers)}")
+        if prompt_positions < 0:
+            raise ValueError(f"prompt_positions must be >= 0, got {prompt_positions}")
         self.workers = dict(workers)
         self.target = target
         self.context_length = context_length
+        self.prompt_positions = prompt_positions   # last prompt positions the models' guesses are compared on
         self.state_id = state_id or uuid.uuid4().hex
         self.rows: dict[str, Row] = {}
 
@@ -101,10 +122,13 @@ class ChainBatch:
             if row.row_id in self.rows:
                 raise ValueError(f"row {row.row_id!r} is already running")
         batch = [(r.row_id, r.tokens[:-1]) for r in rows]
-        self._on_every_worker(lambda worker: worker.prefill(self.state_id, batch))
-        for r in rows:
+        n = self.prompt_positions
+        results = self._on_every_worker(lambda worker: worker.prefill(self.state_id, batch, n))
+        for i, r in enumerate(rows):
             r.seen = {name: len(r.tokens) - 1 for name in self.workers}
             r.spec = {name: [] for name in self.workers}
+            if n:
+                r.prompt_agreement = prompt_agreement({name: res.tokens[i] for name, res in results.items()})
             self.rows[r.row_id] = r
 
     def remove(self, row_ids: Sequence[str]) -> list[Row]:
@@ -115,14 +139,15 @@ class ChainBatch:
             self._on_every_worker(lambda worker: worker.release(self.state_id, ids))
         return gone
 
-    def _on_every_worker(self, call: Callable[[Worker], object]) -> None:
-        """`call` on every worker at once; the first failure is raised once all have answered (so that
-        a caller cleaning up after it finds no call still in flight)."""
-        futures = [_FAN_OUT.submit(call, worker) for worker in self.workers.values()]
-        errors = [f.exception() for f in futures]
+    def _on_every_worker(self, call: Callable[[Worker], T]) -> dict[str, T]:
+        """`call` on every worker at once, its results by model; the first failure is raised once all
+        have answered (so that a caller cleaning up after it finds no call still in flight)."""
+        futures = {name: _FAN_OUT.submit(call, worker) for name, worker in self.workers.items()}
+        errors = [f.exception() for f in futures.values()]
         failed = next((e for e in errors if e is not None), None)
         if failed is not None:
             raise failed
+        return {name: f.result() for name, f in futures.items()}
 
     def release(self) -> None:
         if self.rows:

@@ -79,7 +79,8 @@ class Router:
                                    warmup, offline)
         self.scheduler.start()
         self.batcher = Batcher(workers, self.target, self.context_length, self.tokenizer.eos_token_id,
-                               self.choose_auto, self.stop_check, self.reporter.observe, self.cycle_done)
+                               self.choose_auto, self.stop_check, self.reporter.observe, self.cycle_done,
+                               prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0)
 
     def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
                     window: int = 0) -> tuple[tuple[str, ...], int]:

@@ -27,10 +27,10 @@ def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_poo
     prefill = target.prefill
     entered, release = threading.Event(), threading.Event()
 
-    def slow_prefill(state_id, rows):
+    def slow_prefill(state_id, rows, predictions=0):
         entered.set()
         assert release.wait(30), "the test never let the prefill finish"
-        return prefill(state_id, rows)
+        return prefill(state_id, rows, predictions)
 
     target.prefill = slow_prefill
     sizes: list[int] = []

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from specrouter.router.chain import ChainBatch, Row, run_to_completion
+from specrouter.router.chain import ChainBatch, Row, prompt_agreement, run_to_completion
 from specrouter.worker.sampling import SamplingParams
 
 CHAINS = [("t",), ("s", "t"), ("m", "t"), ("s", "m", "t")]
@@ -117,7 +117,7 @@ class _Gate:
     def __init__(self, name: str, barrier, fail: bool = False):
         self.name, self.barrier, self.fail, self.calls = name, barrier, fail, []
 
-    def prefill(self, state_id, rows):
+    def prefill(self, state_id, rows, predictions=0):
         self.barrier.wait(timeout=10)   # a call made one worker after another never gets through
         self.calls.append("prefill")
         if self.fail:
@@ -145,3 +145,30 @@ def test_prefill_and_release_reach_every_worker_at_once() -> None:
     with pytest.raises(RuntimeError, match="m: out of memory"):
         batch.add([new_row(1, [1, 2])])
     assert not batch.rows and all(w.calls == ["prefill"] for w in failing.values())
+
+
+def test_prompt_agreement_counts_where_two_models_guess_alike() -> None:
+    guesses = {"s": [1, 2, 3, 4], "m": [9, 2, 3, 5], "t": [3, 4]}
+    agreement = prompt_agreement(guesses)
+    assert agreement[("s", "m")] == agreement[("m", "s")] == (2, 4)
+    assert agreement[("s", "t")] == (2, 2) and agreement[("m", "t")] == (1, 2)   # over the last 2 both have
+    assert prompt_agreement({"s": [], "t": []}) == {}
+
+
+def test_rows_carry_their_models_agreement_on_the_prompt(tiny_pool) -> None:
+    prompt = [5, 9, 2, 33, 7, 1, 12, 40, 3]
+    batch = ChainBatch(tiny_pool, "t", CONTEXT, prompt_positions=6)
+    row = new_row(0, prompt)
+    batch.add([row])
+    guesses = {n: e.prefill("probe", [("p", prompt[:-1])], predictions=6).tokens[0] for n, e in tiny_pool.items()}
+    for e in tiny_pool.values():
+        e.release("probe")
+    assert all(len(g) == 6 for g in guesses.values())
+    assert row.prompt_agreement == prompt_agreement(guesses)
+    assert set(row.prompt_agreement) == {(a, b) for a in tiny_pool for b in tiny_pool if a != b}
+    batch.release()
+    plain = ChainBatch(tiny_pool, "t", CONTEXT)
+    other = new_row(1, prompt)
+    plain.add([other])
+    assert other.prompt_agreement == {}
+    plain.release()

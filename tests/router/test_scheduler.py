@@ -569,7 +569,7 @@ def _planned_after_record(rate: float, record: list[float]):
     for r in batch.rows.values():
         r.acceptance_record[:] = record
     sched.choose(batch)
-    (key,) = [k for k in sched._plans if k[2] != 0 and k[0] == 2]   # (the one-row plan is shifted too)
+    (key,) = [k for k in sched._plans if k[3] != 0 and k[0] == 2]   # (the one-row plan is shifted too)
     return key, sched._plans[key], sched.plan(2, 0)
 
 
@@ -579,7 +579,7 @@ def test_a_batch_shift_up_moves_only_the_pairs_its_rows_ran() -> None:
     from specrouter.router.scheduler import chain_pairs
 
     key, shifted_plan, base = _planned_after_record(0.6, [90.0, 100.0, 60.0, 100.0])
-    assert key[2] > 0 and key[3] == frozenset({("a", "t")})
+    assert key[3] > 0 and key[4] == frozenset({("a", "t")})
     for p in shifted_plan.predictions:
         if len(p.chain) == 1:
             continue
@@ -593,10 +593,80 @@ def test_a_batch_shift_down_moves_every_pair() -> None:
     """Rows drafting worse than predicted on (a, t) are planned with every pair shifted down, so that no
     chain they never ran gains on the standing one; target-only, with no pair, keeps its cost."""
     key, shifted_plan, base = _planned_after_record(0.7, [30.0, 100.0, 70.0, 100.0])
-    assert key[2] < 0 and key[3] is None
+    assert key[3] < 0 and key[4] is None
     for p in shifted_plan.predictions:
         before = base.by_key[(p.chain, p.window)]
         if len(p.chain) == 1:
             assert p.emitted == before.emitted == 1.0
         else:
             assert p.emitted < before.emitted
+
+
+def _prompt_cycle(chain: tuple[str, ...], rows: list[Row], proposed: int = 2):
+    from specrouter.router.chain import CycleReport
+
+    return CycleReport(chain, 2, emitted={r.row_id: [5] for r in rows},
+                       accepted={v: [1] * len(rows) for v in chain[1:]},
+                       proposed={v: [proposed] * len(rows) for v in chain[1:]}, results={})
+
+
+def _agreeing(batch: FakeBatch, same: int, n: int = 100) -> FakeBatch:
+    for r in batch.rows.values():
+        r.prompt_agreement = {(x, y): (same, n) for x in DECODE_MS for y in DECODE_MS if x != y}
+    return batch
+
+
+def test_the_prompt_reference_weighs_rows_by_their_checks_as_the_pool_does() -> None:
+    """The pool's prompt agreement per pair is an EMA over checks at position 0 with the profiler's
+    acceptance constant: a row counts once per cycle it drafted on that pair, and a mode keeps its own.
+    The recent rows' agreement is the same EMA with `prompt_recent_alpha`."""
+    sched, _ = make({("a", "t"): 0.7}, explore_after_s=1e9)
+    sched.plan(1, 0)                                   # reads the snapshot (acceptance_alpha 0.01)
+    a = 0.01
+    easy, hard = _agreeing(FakeBatch(1), 90), _agreeing(FakeBatch(1), 50)
+    assert sched.prompt_reference(("a", "t", "greedy")) is None
+    sched.observe(_prompt_cycle(("a", "t"), list(hard.rows.values())), list(hard.rows.values()), 1_000_000, True)
+    for _ in range(30):
+        sched.observe(_prompt_cycle(("a", "t"), list(easy.rows.values())), list(easy.rows.values()), 1_000_000, True)
+    sched.observe(_prompt_cycle(("a", "t"), list(hard.rows.values()), proposed=0), list(hard.rows.values()),
+                  1_000_000, True)                     # drafted nothing: no check, no weight
+    keep = (1 - a) ** 30
+    want = (keep * a * 0.5 + (1 - keep) * 0.9) / (keep * a + (1 - keep))
+    assert sched.prompt_reference(("a", "t", "greedy")) == pytest.approx(want)
+    b = sched.settings.prompt_recent_alpha
+    keep = (1 - b) ** 30
+    recent = sched._prompt_recent[("a", "t", "greedy")]
+    assert recent[0] / recent[1] == pytest.approx((keep * b * 0.5 + (1 - keep) * 0.9) / (keep * b + (1 - keep)))
+    assert sched.prompt_reference(("a", "t", "sampling")) is None and sched.prompt_reference(("b", "t", "greedy")) is None
+
+
+def test_a_batch_is_planned_for_how_its_prompts_compare_with_the_pools() -> None:
+    """Rows whose models agree on the prompt more than the pool's rows did are planned with every pair's
+    acceptance shifted up (longer windows), less, shifted down; the record is then kept against that
+    plan. As the pool's reference catches up with such rows, the shift fades."""
+    sched, _ = make({("a", "t"): 0.7, ("b", "t"): 0.7, ("a", "b"): 0.7, ("b", "a"): 0.7}, explore_after_s=1e9)
+    s = sched.settings
+    usual = _agreeing(FakeBatch(1), 50)
+    assert sched._prompt_shift(list(usual.rows.values())) == 0         # no reference yet: no shift
+    for _ in range(600):
+        sched.observe(_prompt_cycle(("a", "t"), list(usual.rows.values())), list(usual.rows.values()), 1_000_000, True)
+    chain, window = sched.choose(usual)
+    easy = _agreeing(FakeBatch(1), 90)
+    easy_chain, easy_window = sched.choose(easy)
+    hard = _agreeing(FakeBatch(1), 20)
+    hard_chain, hard_window = sched.choose(hard)
+    def expected(same: int) -> int:   # 100 positions, shrunk towards the recent rows' 0.5, against the pool's 0.5
+        rate = (same + s.prompt_prior_positions * 0.5) / (100 + s.prompt_prior_positions)
+        return round(s.prompt_slope * math.log(rate / (1 - rate)) / s.batch_odds_step)
+
+    assert sched._prompt_shift(list(usual.rows.values())) == 0
+    up, down = sched._prompt_shift(list(easy.rows.values())), sched._prompt_shift(list(hard.rows.values()))
+    assert up == expected(90) > 0 and down == expected(20) < 0
+    assert easy_chain == chain and easy_window > window
+    assert len(hard_chain) == 1 or hard_window < window
+    decision = sched.decision_for(easy)
+    assert decision.base == sched.plan(1, 0, common=up).by_key[(easy_chain, easy_window)]
+    assert decision.base.emitted > sched.plan(1, 0).by_key[(easy_chain, easy_window)].emitted
+    for _ in range(600):                                                # the pool runs such rows a while
+        sched.observe(_prompt_cycle(("a", "t"), list(easy.rows.values())), list(easy.rows.values()), 1_000_000, True)
+    assert sched._prompt_shift(list(easy.rows.values())) == 0
