@@ -252,6 +252,22 @@ def test_prior_of_an_unobserved_pair_comes_from_calibrated_similarity() -> None:
         assert many.observed[("a", "t", "greedy")][0].checks == pytest.approx(199.0)
 
 
+def test_a_deep_position_measured_a_little_leans_on_the_one_before_it() -> None:
+    """Rates falling with depth (prose): position 0 at 0.9, positions 1-3 at 0.5 (well measured), position
+    4 at 0.4 over 16 checks. Position 4 is shrunk towards position 3's estimate, not towards the pooled
+    rate that position 0 lifts, and positions beyond it take its estimate."""
+    s = ppb.SnapshotResponse(ema_alpha=0.1, acceptance_alpha=0.01)
+    for position, (rate, checks) in enumerate([(0.9, 10_000), (0.5, 10_000), (0.5, 10_000), (0.5, 10_000), (0.4, 16)]):
+        s.acceptance.add(drafter="a", verifier="t", mode=GREEDY, position=position, ema_acceptance_rate=rate,
+                         accepted_total=round(rate * checks), proposed_total=checks, samples=100)
+    est = AcceptanceEstimates(s, prior_weight=16.0)
+    rates = est.rates(("a", "t", "greedy"), 7)
+    assert rates[3] == pytest.approx(0.5, abs=0.01)
+    assert rates[4] == pytest.approx((16 * 0.4 + 16 * rates[3]) / 32)    # half way to its neighbour: 0.45
+    assert rates[5] == rates[6] == rates[4]
+    assert rates[0] > 0.85
+
+
 def _pairs_snapshot(pairs: dict[tuple[str, str], tuple[float, int]]) -> ppb.SnapshotResponse:
     """(drafter, verifier) -> (rate, reports) at position 0, one check a report."""
     s = ppb.SnapshotResponse(ema_alpha=0.1, acceptance_alpha=0.01)
