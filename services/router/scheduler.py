@@ -55,8 +55,8 @@ in log-odds, within `prompt_odds_cap`. One prompt's agreement is a noisy guess a
 (within one kind of text they barely correlate), while the agreement of the last few rows tells one kind
 from another well: each row's is shrunk by `prompt_prior_positions` towards that of the recent rows (an
 EMA with `prompt_recent_alpha` per check). When the workload changes kind, the pool's rates take a few
-hundred checks to follow; the shift stands in meanwhile and fades as they catch up. The record above is kept against the plan
-with this shift, so it corrects what the prompt got wrong.
+hundred checks to follow; the shift stands in meanwhile and fades as they catch up. The record above is
+kept against the plan with this shift, so it corrects what the prompt got wrong.
 
 Forward times depend on more than the batch size and tokens per row the profiler keys them by: a
 pass over long contexts (a prompt of literal tables) costs the target twice what a short one does, and
@@ -87,9 +87,9 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from specrouter.pool.similarity import PairSimilarity
+from specrouter.profiler.metrics import EmaConstants
 from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, predict, tail_factor
-from specrouter.profiler.metrics import EmaConstants
 from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, RecentReports, latency_table
 from specrouter.v1 import profiler_pb2 as ppb
 
@@ -313,10 +313,10 @@ class Scheduler:
         self._recent = RecentReports(self.settings.recent_cycles)
         self._shares: dict[tuple[Pair, int], float] = {}
         # per pair: the pool's prompt agreement, an EMA over the checks at position 0 of the rows that ran
-        # it, as the profiler's acceptance EMA is: [weighted agreement, weight]
-        self._prompt_ref: dict[Pair, list[float]] = {}
-        self._prompt_recent: dict[Pair, list[float]] = {}   # the same over the last few rows
+        # it with the profiler's acceptance constant (taken from the snapshot), and the recent rows'
         self._acceptance_alpha = EmaConstants.acceptance_alpha
+        self._prompt_ref: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self._acceptance_alpha))
+        self._prompt_recent: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self.settings.prompt_recent_alpha))
         alpha = self.settings.overhead_alpha
         self._call_overhead: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(alpha))
         self._cycle_overhead: dict[int, _Ema] = defaultdict(lambda: _Ema(alpha))
@@ -521,9 +521,9 @@ class Scheduler:
         """The batch's acceptance shift from its rows' prompts, in whole `batch_odds_step`s.
 
         Per row and pair: its models' agreement on the prompt, a (shrunk by `prompt_prior_positions`
-        towards the recent rows' agreement), against the pool's agreement b: `prompt_slope` * (logit(a) - logit(b)), averaged over
-        the pairs by their share of the pool's recent cycles, then over the rows (a row without an
-        agreement counts 0), within `prompt_odds_cap` either way. b is an EMA over the same checks as the
+        towards the recent rows' agreement), against the pool's agreement b: `prompt_slope` *
+        (logit(a) - logit(b)), averaged over the pairs by their share of the pool's recent cycles, then
+        over the rows (a row without an agreement counts 0), within `prompt_odds_cap` either way. b is an EMA over the same checks as the
         profiler's acceptance, so the shift says how this batch differs from the rows the pool's rates
         describe, and fades as those rates catch up with a new kind of text."""
         s = self.settings
@@ -537,13 +537,12 @@ class Scheduler:
             num = den = 0.0
             for d, v in self.pairs:
                 hit = r.prompt_agreement.get((d, v))
-                ref = self._prompt_ref.get((d, v, mode))
-                recent = self._prompt_recent.get((d, v, mode))
+                pool = self.prompt_reference((d, v, mode))
                 weight = self._shares.get(((d, v, mode), 0), 0.0)
-                if hit is None or ref is None or ref[1] <= 0 or weight <= 0:
+                if hit is None or pool is None or weight <= 0:
                     continue
-                pool = ref[0] / ref[1]
-                prior = recent[0] / recent[1] if recent is not None and recent[1] > 0 else pool
+                recent = self._prompt_recent.get((d, v, mode))
+                prior = recent.get(pool) if recent is not None else pool
                 same, n = hit
                 rate = (same + s.prompt_prior_positions * prior) / (n + s.prompt_prior_positions)
                 num += weight * (_logit(rate) - _logit(pool))
@@ -556,7 +555,7 @@ class Scheduler:
     def prompt_reference(self, pair: Pair) -> float | None:
         """The pool's prompt agreement for `pair` (drafter, verifier, mode), None before any row ran it."""
         ref = self._prompt_ref.get(pair)
-        return ref[0] / ref[1] if ref is not None and ref[1] > 0 else None
+        return ref.get() if ref is not None and ref.weight > 0 else None
 
     def _observe_prompts(self, report: CycleReport, rows: Sequence[Row]) -> None:
         """The pool's prompt agreement per pair: each row's, once per check at position 0 it ran."""
@@ -566,11 +565,9 @@ class Scheduler:
                 if hit is None or not hit[1] or not report.proposed[v][r_index]:
                     continue
                 pair = (d, v, GREEDY if r.sampling.greedy else SAMPLING)
-                for table, alpha in ((self._prompt_ref, self._acceptance_alpha),
-                                     (self._prompt_recent, self.settings.prompt_recent_alpha)):
-                    ema = table.setdefault(pair, [0.0, 0.0])
-                    ema[0] = (1 - alpha) * ema[0] + alpha * hit[0] / hit[1]
-                    ema[1] = (1 - alpha) * ema[1] + alpha
+                self._prompt_ref[pair].alpha = self._acceptance_alpha   # the snapshot's, which may change
+                self._prompt_ref[pair].add(hit[0] / hit[1])
+                self._prompt_recent[pair].add(hit[0] / hit[1])
 
     def _latency_scales(self, rows: Sequence[Row]) -> dict[str, float]:
         """Per model, its passes over the latency table's at the batch's context length, where measured."""

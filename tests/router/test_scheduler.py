@@ -651,8 +651,8 @@ def test_the_prompt_reference_weighs_rows_by_their_checks_as_the_pool_does() -> 
     assert sched.prompt_reference(("a", "t", "greedy")) == pytest.approx(want)
     b = sched.settings.prompt_recent_alpha
     keep = (1 - b) ** 30
-    recent = sched._prompt_recent[("a", "t", "greedy")]
-    assert recent[0] / recent[1] == pytest.approx((keep * b * 0.5 + (1 - keep) * 0.9) / (keep * b + (1 - keep)))
+    recent = sched._prompt_recent[("a", "t", "greedy")].get()
+    assert recent == pytest.approx((keep * b * 0.5 + (1 - keep) * 0.9) / (keep * b + (1 - keep)))
     assert sched.prompt_reference(("a", "t", "sampling")) is None and sched.prompt_reference(("b", "t", "greedy")) is None
 
 
