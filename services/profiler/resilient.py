@@ -7,7 +7,8 @@
   it ends. Why not buffer and replay: measurements are a stream (every cycle of every router brings
   fresh ones) and the EMAs forget old ones anyway (latency within tens of reports, acceptance within a
   few hundred checks), so a replay would mostly add outdated values as if they were new; and a write
-  that timed out may have been applied, so a replay could count it twice. A replica's dropped reports are in every snapshot (`reports_dropped`).
+  that timed out may have been applied, so a replay could count it twice. A replica's dropped reports
+  are in every snapshot (`reports_dropped`).
 - After a failure, calls within `retry_s` do not touch the store, so an unreachable Redis does not hold
   every handler thread for a timeout; the first call after that tries again, and success ends the outage.
 """

@@ -423,7 +423,7 @@ class Scheduler:
         inputs = self._inputs
         if inputs is None or inputs[0] != version:   # one snapshot's estimates serve every composition
             inputs = self._inputs = (version, AcceptanceEstimates(snapshot, self._offline, s.prior_weight,
-                                                                  s.default_acceptance, self._recent.shares()),
+                                                                  s.default_acceptance, self._shares),
                                      latency_table(snapshot, self._warmup))
         _, estimates, latency = inputs
         batch = greedy_rows + sampling_rows
