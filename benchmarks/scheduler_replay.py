@@ -1,0 +1,306 @@
+"""The adaptive scheduler replayed on the demo pool's greedy acceptance: deterministic, in seconds.
+
+    python -m benchmarks.scheduler_replay traces [--pool DIR] [--per-kind 8] [--new-tokens 48] --out FILE
+    python -m benchmarks.scheduler_replay run --traces FILE [--passes 3] [--pass-ms MODEL=MS,...]
+                                              [--call-ms 8.7] [--scheduler JSON]
+
+`scheduler-report` measures the scheduler on a live cluster, where one configuration measures 5-10%
+apart from one pass to the next; a change worth 2% takes many half-hour runs to see. Under greedy
+decoding a two-level cycle's outcome is decided by the tokens alone: drafting `w` tokens at position t of
+the target's continuation accepts min(L(t), w), where L(t) is how many of the drafter's greedy tokens
+from the true prefix match the target's. `traces` records L(t) for every drafter of the pool at every
+position of every prompt's continuation (and the models' prompt agreement, as the prefill reports it);
+`run` drives the real `Scheduler` and an in-process profiler store through those cycles, as the report's
+workloads send them (every wave run by `auto`, then by static configurations that feed the profiler
+too), and charges each cycle a fixed cost: per model pass `--pass-ms`, per call `--call-ms` (a round
+trip and the router's work; the defaults are fitted to the batch-1 cycle times of the report's statics
+on a 2-core machine: 1m,29m at window w costs 21.2 + 1.41 w ms, the target alone 12.5). The scheduler
+learns those costs as it would live (latency table from the warm-up profile, call overheads from the
+cycles), so its predicted cost is the charged one and what the replay measures is its acceptance side:
+estimates, shifts, hysteresis, the tail factor and exploration. Chains of three models are not
+replayed (the middle model's verification is not in the traces), so candidates are two-level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrouter.profiler import codec
+from specrouter.profiler.memory_store import MemoryStore
+from specrouter.profiler.metrics import EmaConstants, Update
+from specrouter.profiler.resilient import ResilientMetrics
+from specrouter.router.chain import CycleReport, Row, prompt_agreement
+from specrouter.router.scheduler import Scheduler, SchedulerSettings
+from specrouter.v1 import profiler_pb2 as pb
+from specrouter.worker.engine import StepResult
+from specrouter.worker.forward import ForwardTiming
+from specrouter.worker.sampling import SamplingParams
+
+DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
+PASS_MS = {"stdlib-1m": 1.41, "stdlib-5m": 3.4, "stdlib-29m": 3.8}
+CALL_MS = 8.7
+SNAPSHOT_S = 0.1      # the router's poll of the profiler
+FILLER = 7            # token id of replayed emitted tokens (the scheduler reads counts, not ids)
+
+
+# -- traces ---------------------------------------------------------------------------------------------
+
+def build_traces(pool_dir: Path, per_kind: int, new_tokens: int, depth: int = 8,
+                 prompt_positions: int = 128) -> dict:
+    import torch
+
+    from specrouter.pool.load import load_model, load_tokenizer
+    from specrouter.pool.manifest import PoolManifest
+    from specrouter.report.workloads import builtin_prompts
+
+    manifest = PoolManifest.load(pool_dir)
+    names = [m.name for m in manifest.members]
+    models = {n: load_model(manifest.model_dir(pool_dir, n)).eval() for n in names}
+    tokenizer = load_tokenizer(manifest.model_dir(pool_dir, manifest.target))
+
+    @torch.no_grad()
+    def greedy(name: str, ids: list[int], n: int) -> list[int]:
+        out = models[name].generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                    pad_token_id=0, eos_token_id=None)
+        return out[0, len(ids):].tolist()
+
+    prompts = []
+    started = time.monotonic()
+    chosen = builtin_prompts(per_kind)
+    for i, p in enumerate(chosen):
+        ids = tokenizer(p.prompt, add_special_tokens=False)["input_ids"]
+        continuation = greedy(manifest.target, ids, new_tokens + depth)
+        accepted = {}
+        for name in names:
+            if name == manifest.target:
+                continue
+            lengths = []
+            for t in range(new_tokens):
+                draft = greedy(name, ids + continuation[:t], depth)
+                k = 0
+                while k < depth and draft[k] == continuation[t + k]:
+                    k += 1
+                lengths.append(k)
+            accepted[name] = lengths
+        with torch.no_grad():
+            guesses = {n: m(torch.tensor([ids])).logits[0, -prompt_positions:].argmax(-1).tolist()
+                       for n, m in models.items()}
+        agreement = [[a, b, same, n] for (a, b), (same, n) in prompt_agreement(guesses).items()]
+        prompts.append({"kind": p.kind, "prompt_ids": ids, "accepted": accepted, "agreement": agreement})
+        print(f"[{i + 1}/{len(chosen)}, {time.monotonic() - started:.0f} s] {p.kind}: mean accepted "
+              + ", ".join(f"{n} {sum(v) / len(v):.2f}" for n, v in accepted.items()), file=sys.stderr, flush=True)
+    return {"target": manifest.target, "models": names, "new_tokens": new_tokens, "depth": depth,
+            "prompts": prompts}
+
+
+# -- replay ---------------------------------------------------------------------------------------------
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Batch:
+    """What the scheduler reads of a ChainBatch: its rows."""
+
+    def __init__(self, row: Row):
+        self.rows = {row.row_id: row}
+
+
+@dataclass(frozen=True)
+class Costs:
+    pass_ms: Mapping[str, float]
+    call_ms: float
+
+    def warmup(self) -> dict[str, list[tuple[int, int, int]]]:
+        """A worker's warm-up profile: one pass costs the same at any batch size and width."""
+        return {m: [(b, k, int(ms * 1e6)) for b in (1, 2, 4, 8, 16) for k in range(1, 17)]
+                for m, ms in self.pass_ms.items()}
+
+    def cycle_ms(self, chain: Sequence[str], window: int) -> float:
+        if len(chain) == 1:
+            return self.call_ms + self.pass_ms[chain[0]]
+        return 2 * self.call_ms + window * self.pass_ms[chain[0]] + self.pass_ms[chain[1]]
+
+
+class Replay:
+    """One router's scheduler and one profiler, fed cycle by cycle from the traces."""
+
+    def __init__(self, traces: dict, costs: Costs, settings: SchedulerSettings,
+                 acceptance_alpha: float = EmaConstants.acceptance_alpha):
+        self.traces, self.costs = traces, costs
+        self.target = traces["target"]
+        self.clock = _Clock()
+        self.metrics = ResilientMetrics(MemoryStore(EmaConstants.ema_alpha, acceptance_alpha), clock=self.clock)
+        self._snapshot: pb.SnapshotResponse | None = None
+        self._snapshot_at = -1.0
+        self.scheduler = Scheduler(traces["models"], self.target, settings.model_copy(update={"max_levels": 2}),
+                                   self.snapshot, warmup=costs.warmup(), clock=self.clock)
+        self.picks: Counter[tuple[tuple[str, ...], int]] = Counter()
+        self._rows = 0
+
+    def snapshot(self) -> pb.SnapshotResponse:
+        if self._snapshot is None or self.clock.now - self._snapshot_at >= SNAPSHOT_S:
+            self._snapshot, self._snapshot_at = codec.snapshot_to_pb(self.metrics.snapshot()), self.clock.now
+        return self._snapshot
+
+    def run(self, prompt: dict, static: tuple[tuple[str, ...], int] | None = None) -> float:
+        """One request of `new_tokens` at batch 1, by `auto` (static None) or a static configuration; its ms."""
+        self._rows += 1
+        ids = prompt["prompt_ids"]
+        row = Row(f"r{self._rows}", list(ids), len(ids), SamplingParams(), self.traces["new_tokens"])
+        row.seen = {m: len(ids) - 1 for m in self.traces["models"]}
+        row.spec = {m: [] for m in self.traces["models"]}
+        row.prompt_agreement = {(a, b): (same, n) for a, b, same, n in prompt["agreement"]}
+        batch = _Batch(row)
+        total = 0.0
+        while (t := len(row.tokens) - row.prompt_len) < row.max_new_tokens:
+            chain, window = static if static is not None else self.scheduler.choose(batch)
+            decision = self.scheduler.decision_for(batch) if static is None else None
+            ms = self.costs.cycle_ms(chain, window)   # a catch-up is one wider pass: flat, like any pass here
+            accepted = min(prompt["accepted"][chain[0]][t], window) if len(chain) > 1 else 0
+            report = self._report(chain, window, row, accepted, ms)
+            self.clock.now += ms / 1e3
+            if len(chain) > 1:
+                self.metrics.report([Update.of(s) for s in codec.samples_from_pb(_acceptance(chain, accepted, window))])
+            self.scheduler.observe(report, [row], int(ms * 1e6), static is None, decision)
+            row.tokens += report.emitted[row.row_id]
+            for m in chain:
+                row.seen[m] = len(row.tokens) - 1
+            total += ms
+            if static is None:
+                self.picks[(tuple(chain), window if len(chain) > 1 else 0)] += 1
+        return total
+
+    def _report(self, chain: Sequence[str], window: int, row: Row, accepted: int, ms: float) -> CycleReport:
+        """The cycle as the router reports it: each call its passes (at the table's cost) and the call's
+        overhead, so that the scheduler learns the replay's costs."""
+        results, call_ns = {}, {}
+        for level, model in enumerate(chain):
+            passes = window if level == 0 and len(chain) > 1 else 1
+            width = window + 1 if level > 0 else 1
+            pass_ns = int(self.costs.pass_ms[model] * 1e6)
+            results[model] = StepResult(tokens=[], rows=[], timings=[ForwardTiming(pass_ns, 1, width, width)
+                                                                    for _ in range(passes)])
+            call_ns[model] = passes * pass_ns + int(self.costs.call_ms * 1e6)
+        verifier = chain[-1]
+        return CycleReport(tuple(chain), window, emitted={row.row_id: [FILLER] * (accepted + 1)},
+                           accepted={verifier: [accepted]} if len(chain) > 1 else {},
+                           proposed={verifier: [window]} if len(chain) > 1 else {},
+                           results=results, call_ns=call_ns)
+
+
+def _acceptance(chain: Sequence[str], accepted: int, window: int) -> pb.ReportRequest:
+    request = pb.ReportRequest()
+    for position in range(min(accepted + 1, window)):
+        request.acceptance.add(drafter=chain[0], verifier=chain[1], mode=pb.DECODING_MODE_GREEDY,
+                               position=position, accepted=int(position < accepted), proposed=1)
+    return request
+
+
+def statics(traces: dict, windows: Sequence[int]) -> list[tuple[tuple[str, ...], int]]:
+    target = traces["target"]
+    drafters = [m for m in traces["models"] if m != target]
+    return [((target,), 0)] + [((d, target), w) for d in drafters for w in windows]
+
+
+def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, passes: int = 3,
+                     windows: Sequence[int] = (2, 4, 6, 8), requests: int = 8,
+                     acceptance_alpha: float = EmaConstants.acceptance_alpha) -> list[dict]:
+    """The report's batch-1 cells on one router: each kind, then the switching stream (prose, then
+    repetitive), each wave by `auto` then every static; ms per token per configuration over `passes`."""
+    by_kind: dict[str, list[dict]] = {}
+    for p in traces["prompts"]:
+        by_kind.setdefault(p["kind"], []).append(p)
+    cells = [(kind, ps[:requests]) for kind, ps in by_kind.items()]
+    if "prose" in by_kind and "repetitive" in by_kind:
+        cells.append(("switching:prose>repetitive", by_kind["prose"][:requests] + by_kind["repetitive"][:requests]))
+    replay = Replay(traces, costs, settings, acceptance_alpha)
+    configs = statics(traces, windows)
+    out = []
+    for kind, prompts in cells:
+        replay.picks.clear()
+        ms: dict[str, float] = Counter()
+        for _ in range(passes):
+            for p in prompts:
+                ms["auto"] += replay.run(p)
+                for config in configs:
+                    ms[_label(config)] += replay.run(p, config)
+        tokens = passes * len(prompts) * traces["new_tokens"]
+        per_token = {k: v / tokens for k, v in ms.items()}
+        best = min((k for k in per_token if k != "auto"), key=per_token.get)
+        out.append({"kind": kind, "ms_per_token": per_token, "best_static": best,
+                    "auto_speed_over_best_static": per_token[best] / per_token["auto"],
+                    "auto_picks": {_label(c): n for c, n in replay.picks.most_common()}})
+    return out
+
+
+def _label(config: tuple[tuple[str, ...], int]) -> str:
+    chain, window = config
+    return ",".join(chain) + (f" W{window}" if len(chain) > 1 else "")
+
+
+def _pass_ms(text: str) -> dict[str, float]:
+    out = dict(PASS_MS)
+    for item in filter(None, text.split(",")):
+        name, _, ms = item.partition("=")
+        out[name.strip()] = float(ms)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("traces", help="record the pool's greedy acceptance lengths on the built-in prompts")
+    t.add_argument("--pool", type=Path, default=DEFAULT_POOL)
+    t.add_argument("--per-kind", type=int, default=8)
+    t.add_argument("--new-tokens", type=int, default=48)
+    t.add_argument("--out", type=Path, required=True)
+    r = sub.add_parser("run", help="replay the scheduler and every static configuration on recorded traces")
+    r.add_argument("--traces", type=Path, required=True)
+    r.add_argument("--passes", type=int, default=3)
+    r.add_argument("--windows", default="2,4,6,8")
+    r.add_argument("--pass-ms", default="", help="per model pass, e.g. stdlib-1m=1.41 (defaults: %s)" % PASS_MS)
+    r.add_argument("--call-ms", type=float, default=CALL_MS)
+    r.add_argument("--acceptance-alpha", type=float, default=EmaConstants.acceptance_alpha)
+    r.add_argument("--scheduler", default="{}", help="SchedulerSettings overrides as JSON")
+    r.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "traces":
+        traces = build_traces(args.pool, args.per_kind, args.new_tokens)
+        args.out.write_text(json.dumps(traces))
+        print(f"wrote {args.out}", file=sys.stderr)
+        return 0
+    traces = json.loads(args.traces.read_text())
+    costs = Costs(_pass_ms(args.pass_ms), args.call_ms)
+    missing = sorted(set(traces["models"]) - set(costs.pass_ms))
+    if missing:
+        parser.error(f"no pass cost for {missing}: give them with --pass-ms MODEL=MS")
+    settings = SchedulerSettings(**json.loads(args.scheduler))
+    cells = replay_workloads(traces, costs, settings, args.passes, [int(w) for w in args.windows.split(",")],
+                             acceptance_alpha=args.acceptance_alpha)
+    if args.json:
+        print(json.dumps(cells, indent=1))
+        return 0
+    for c in cells:
+        ms, best = c["ms_per_token"], c["best_static"]
+        print(f"{c['kind']:28s} auto {ms['auto']:6.2f} ms/token; best static {best} {ms[best]:.2f}; "
+              f"auto = {c['auto_speed_over_best_static']:.3f} x its speed")
+        print("    statics: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(ms.items(), key=lambda kv: kv[1])
+                                         if k != "auto"))
+        print("    auto ran: " + ", ".join(f"{k} {n}" for k, n in list(c["auto_picks"].items())[:6]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

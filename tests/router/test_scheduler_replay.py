@@ -1,0 +1,55 @@
+"""The scheduler replay: the costs it charges are the ones the scheduler learns, and it is deterministic."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.scheduler_replay import Costs, Replay, replay_workloads
+from specrouter.router.scheduler import SchedulerSettings
+
+NEW_TOKENS = 24
+
+
+def _traces(easy: int = 8, hard: int = 0) -> dict:
+    """Prompts on which the drafter's greedy tokens match the target's for `easy` (every position) or
+    `hard` tokens; its agreement with the target on the prompt alike."""
+    def prompt(kind: str, accepted: int, agree: int) -> dict:
+        return {"kind": kind, "prompt_ids": list(range(1, 11)), "accepted": {"d": [accepted] * NEW_TOKENS},
+                "agreement": [["d", "t", agree, 100], ["t", "d", agree, 100]]}
+    prompts = [prompt("repetitive", easy, 90) for _ in range(4)] + [prompt("prose", hard, 40) for _ in range(4)]
+    return {"target": "t", "models": ["d", "t"], "new_tokens": NEW_TOKENS, "depth": 8, "prompts": prompts}
+
+
+COSTS = Costs({"d": 1.0, "t": 4.0}, call_ms=8.0)
+
+
+def test_the_scheduler_learns_the_costs_the_replay_charges() -> None:
+    replay = Replay(_traces(), COSTS, SchedulerSettings(explore_after_s=1e9))
+    for p in _traces()["prompts"][:2]:
+        replay.run(p)
+    plan = replay.scheduler.plan(1, 0)
+    for chain, window in ((("d", "t"), 3), (("d", "t"), 8), (("t",), 0)):
+        predicted = plan.by_key[(chain, window)].cost_ns / 1e6
+        assert predicted == pytest.approx(COSTS.cycle_ms(chain, window), rel=1e-6)
+
+
+def test_a_replay_charges_each_cycle_by_what_the_traces_accept() -> None:
+    """A static window 4 on a drafter the target always agrees with emits 5 tokens a cycle: 24 tokens
+    take 5 cycles; the target alone takes 24."""
+    replay = Replay(_traces(), COSTS, SchedulerSettings())
+    easy, hard = _traces()["prompts"][0], _traces()["prompts"][-1]
+    assert replay.run(easy, (("d", "t"), 4)) == pytest.approx(5 * COSTS.cycle_ms(("d", "t"), 4))
+    assert replay.run(hard, (("d", "t"), 4)) == pytest.approx(NEW_TOKENS * COSTS.cycle_ms(("d", "t"), 4))
+    assert replay.run(hard, (("t",), 0)) == pytest.approx(NEW_TOKENS * COSTS.cycle_ms(("t",), 0))
+
+
+def test_auto_finds_the_long_window_on_easy_text_and_the_target_on_hard() -> None:
+    cells = replay_workloads(_traces(), COSTS, SchedulerSettings(), passes=2, windows=(2, 4, 8))
+    by_kind = {c["kind"]: c for c in cells}
+    assert set(by_kind) == {"repetitive", "prose", "switching:prose>repetitive"}
+    assert by_kind["repetitive"]["best_static"] == "d,t W8"
+    assert by_kind["prose"]["best_static"] == "t"
+    for cell in cells:
+        assert cell["auto_speed_over_best_static"] > 0.9
+    assert by_kind["switching:prose>repetitive"]["auto_speed_over_best_static"] > 1.0   # the best of both
+    assert cells == replay_workloads(_traces(), COSTS, SchedulerSettings(), passes=2, windows=(2, 4, 8))
