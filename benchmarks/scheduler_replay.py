@@ -38,6 +38,7 @@ from specrouter.profiler.metrics import EmaConstants, Update
 from specrouter.profiler.resilient import ResilientMetrics
 from specrouter.router.chain import CycleReport, Row, prompt_agreement
 from specrouter.router.scheduler import Scheduler, SchedulerSettings
+from specrouter.router.settings import RouterSettings
 from specrouter.v1 import profiler_pb2 as pb
 from specrouter.worker.engine import StepResult
 from specrouter.worker.forward import ForwardTiming
@@ -46,7 +47,7 @@ from specrouter.worker.sampling import SamplingParams
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 PASS_MS = {"stdlib-1m": 1.41, "stdlib-5m": 3.4, "stdlib-29m": 3.8}
 CALL_MS = 8.7
-SNAPSHOT_S = 0.1      # the router's poll of the profiler
+SNAPSHOT_S = RouterSettings.model_fields["snapshot_refresh_s"].default   # the router's poll of the profiler
 FILLER = 7            # token id of replayed emitted tokens (the scheduler reads counts, not ids)
 
 

@@ -20,13 +20,15 @@ def _traces(easy: int = 8, hard: int = 0) -> dict:
     return {"target": "t", "models": ["d", "t"], "new_tokens": NEW_TOKENS, "depth": 8, "prompts": prompts}
 
 
-COSTS = Costs({"d": 1.0, "t": 4.0}, call_ms=8.0)
+# slow enough that the router's snapshot of the profiler (every second) refreshes every few requests
+COSTS = Costs({"d": 10.0, "t": 40.0}, call_ms=80.0)
 
 
 def test_the_scheduler_learns_the_costs_the_replay_charges() -> None:
     replay = Replay(_traces(), COSTS, SchedulerSettings(explore_after_s=1e9))
     for p in _traces()["prompts"][:2]:
         replay.run(p)
+    replay.clock.now += 1.0                  # the next snapshot: the plan is made again
     plan = replay.scheduler.plan(1, 0)
     for chain, window in ((("d", "t"), 3), (("d", "t"), 8), (("t",), 0)):
         predicted = plan.by_key[(chain, window)].cost_ns / 1e6
