@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specrouter.report.scheduler_report import _checks, _requests, held_out_best, spearman
+from specrouter.report.scheduler_report import Measured, _checks, _outside_ms, _requests, held_out_best, spearman
 
 
 def test_spearman_rank_correlation() -> None:
@@ -61,3 +61,11 @@ def test_checks_judge_a_run_by_its_runoff_where_it_has_one() -> None:
     assert not checks["adaptive_within_5pct_of_best_static"]
     assert not checks["adaptive_at_most_3pct_slower_than_target_only"]
     assert not checks["switching_adaptive_beats_every_static"]
+
+
+def test_time_outside_the_cycles_is_the_clients_less_the_routers() -> None:
+    """Two waves of batch 2: 96 tokens in 1.5 s at the client; the router's cycles took 1,000 ms and
+    emitted 40 tokens per row (a cycle serves both rows), so 25 ms per token of a row, 12.5 per token."""
+    m = Measured(waves=[(48, 0.7), (48, 0.8)], cycle_ms=1000.0, emitted=40.0)
+    assert _outside_ms(m, 2) == pytest.approx(1500 / 96 - 12.5)
+    assert _outside_ms(Measured(), 1) is None

@@ -358,6 +358,10 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
         assert [(x["chain"], x["window"]) for x in runoff["static"]] == \
             [(run["static"][0]["chain"], 0), (screened["chain"], screened["window"])]
         assert runoff["passes"] == 1 and len(runoff["adaptive_tokens_per_s_runs"]) == 1
+        assert runoff["adaptive_measured_t_eff_ms"] > 0 and all(x["measured_t_eff_ms"] > 0 for x in runoff["static"])
+        if run["batch_size"] == 1:   # the client's time holds the cycles' and more (prefill, round trips)
+            assert runoff["adaptive_outside_cycles_ms_per_token"] > 0
+            assert all(x["outside_cycles_ms_per_token"] > 0 for x in runoff["static"])
         assert runoff["adaptive_over_best_static"] == pytest.approx(
             runoff["adaptive_tokens_per_s"] / max(x["tokens_per_s"] for x in runoff["static"]))
         chosen = run["adaptive"]["per_config"]   # every cycle of adaptive, by what it chose

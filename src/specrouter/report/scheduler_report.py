@@ -273,12 +273,20 @@ class SchedulerReport:
             self._pass(adaptive, finalists, waves, batch, measured, s.repeats + repeat,
                        f"{kind} B={batch} run-off {repeat + 1}/{s.runoff_passes}", step)
         rate = {c: sum(t for t, _ in m.waves) / sum(x for _, x in m.waves) for c, m in measured.items()}
+        # where the time went: the router's cycles (T_eff, ms per token of a row) and the rest of the
+        # client's time per token (prefill, admission, the wave's wait for its last row); a configuration
+        # that wins in its cycles and loses at the client loses outside them
+        t_eff = {c: m.cycle_ms / m.emitted if m.emitted else None for c, m in measured.items()}
+        outside = {c: _outside_ms(m, batch) for c, m in measured.items()}
         statics = [{"chain": list(c.chain), "window": c.window, "tokens_per_s": rate[c],
-                    "tokens_per_s_runs": measured[c].tokens_per_s, "screening_tokens_per_s": speed[c]}
+                    "tokens_per_s_runs": measured[c].tokens_per_s, "screening_tokens_per_s": speed[c],
+                    "measured_t_eff_ms": t_eff[c], "outside_cycles_ms_per_token": outside[c]}
                    for c in finalists]
         best = max(statics, key=lambda x: x["tokens_per_s"])
         return {"passes": s.runoff_passes, "adaptive_tokens_per_s": rate[adaptive],
                 "adaptive_tokens_per_s_runs": measured[adaptive].tokens_per_s,
+                "adaptive_measured_t_eff_ms": t_eff[adaptive],
+                "adaptive_outside_cycles_ms_per_token": outside[adaptive],
                 "static": statics, "best_static": {k: best[k] for k in ("chain", "window", "tokens_per_s")},
                 "adaptive_over_best_static": rate[adaptive] / best["tokens_per_s"],
                 "adaptive_over_target_only": rate[adaptive] / rate[target_only],
@@ -429,6 +437,16 @@ def held_out_best(waves: Sequence[Sequence[tuple[int, float]]]) -> float | None:
     return tokens / seconds
 
 
+def _outside_ms(m: Measured, batch: int) -> float | None:
+    """Client milliseconds per token not spent in the router's cycles: the client's time over its
+    tokens, less the cycles' time over the tokens they emitted (per row; a wave's B rows in flight share
+    each cycle)."""
+    tokens = sum(t for t, _ in m.waves)
+    if not tokens or not m.emitted:
+        return None
+    return sum(x for _, x in m.waves) * 1e3 / tokens - m.cycle_ms / m.emitted / batch
+
+
 def _requests(requests: int, batch: int) -> int:
     """At least `requests`, in whole waves of `batch`, and at least two waves (for the held-out best)."""
     return -(-max(requests, 2 * batch) // batch) * batch
@@ -489,6 +507,12 @@ def format_report(report: dict) -> str:
                          f" fastest statics above): adaptive {ro['adaptive_tokens_per_s']:.1f} tok/s = "
                          f"{ro['adaptive_over_best_static']:.3f} x best static ({','.join(rb['chain'])} W{rb['window']} "
                          f"{rb['tokens_per_s']:.1f}), {ro['adaptive_over_target_only']:.3f} x target-only")
+            best_ro = next(x for x in ro["static"] if (x["chain"], x["window"]) == (rb["chain"], rb["window"]))
+            if ro.get("adaptive_measured_t_eff_ms") and best_ro.get("measured_t_eff_ms"):
+                lines.append(f"    in the router's cycles: adaptive {_ms(ro['adaptive_measured_t_eff_ms'])} per token, "
+                             f"best static {_ms(best_ro['measured_t_eff_ms'])}; outside them (prefill, admission, waits): "
+                             f"{_ms(ro['adaptive_outside_cycles_ms_per_token'])} and "
+                             f"{_ms(best_ro['outside_cycles_ms_per_token'])} per token")
         if r["adaptive_over_held_out_best_static"] is not None:
             lines.append(f"  held-out best static {r['held_out_best_static_tokens_per_s']:8.1f} tok/s (picked on the other "
                          f"waves): adaptive = {r['adaptive_over_held_out_best_static']:.3f} x")
