@@ -74,7 +74,11 @@ def build_traces(pool_dir: Path, per_kind: int, new_tokens: int, depth: int = 8,
 
     prompts = []
     started = time.monotonic()
-    chosen = builtin_prompts(per_kind)
+    chosen, seen = [], Counter()
+    for p in builtin_prompts():   # the report's workloads: the first of each kind of its built-in set
+        seen[p.kind] += 1
+        if seen[p.kind] <= per_kind:
+            chosen.append(p)
     for i, p in enumerate(chosen):
         ids = tokenizer(p.prompt, add_special_tokens=False)["input_ids"]
         continuation = greedy(manifest.target, ids, new_tokens + depth)

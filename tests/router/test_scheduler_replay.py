@@ -55,3 +55,34 @@ def test_auto_finds_the_long_window_on_easy_text_and_the_target_on_hard() -> Non
         assert cell["auto_speed_over_best_static"] > 0.9
     assert by_kind["switching:prose>repetitive"]["auto_speed_over_best_static"] > 1.0   # the best of both
     assert cells == replay_workloads(_traces(), COSTS, SchedulerSettings(), passes=2, windows=(2, 4, 8))
+
+
+def test_traces_accept_what_the_real_chain_accepts() -> None:
+    """On the demo pool, a static (drafter, target) chain at window 8 run by the engine accepts, cycle by
+    cycle, exactly what the traces say: min(L(t), 8) at each position t where a cycle starts."""
+    import torch
+
+    from benchmarks.scheduler_replay import build_traces
+    from specrouter.router.inprocess import InProcessPool
+    from specrouter.worker.sampling import SamplingParams
+    from tests.conftest import DEMO_POOL
+
+    new_tokens, depth = 12, 8
+    traces = build_traces(DEMO_POOL, per_kind=1, new_tokens=new_tokens, depth=depth)
+    assert sorted(p["kind"] for p in traces["prompts"]) == ["code", "prose", "repetitive"]
+    pool = InProcessPool.open(DEMO_POOL, dtype=torch.float32)
+    compared = 0
+    for prompt in traces["prompts"]:
+        for drafter, lengths in prompt["accepted"].items():
+            assert len(lengths) == new_tokens and all(0 <= n <= depth for n in lengths)
+            cycles: list[int] = []
+            pool.generate_ids([prompt["prompt_ids"]], (drafter, pool.target), depth, [SamplingParams()],
+                              new_tokens + depth + 1, on_cycle=lambda r: cycles.append(r.accepted[pool.target][0]))
+            t = 0
+            for accepted in cycles:
+                if t >= new_tokens:
+                    break
+                assert accepted == min(lengths[t], depth), (prompt["kind"], drafter, t)
+                compared += 1
+                t += accepted + 1
+    assert compared >= 6
