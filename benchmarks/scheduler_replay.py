@@ -45,6 +45,8 @@ from specrouter.worker.forward import ForwardTiming
 from specrouter.worker.sampling import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
+# 1m, 29m and the call: least squares over the batch-1 statics 1m,29m W4 and W8 on prose and tables
+# (ms per token, runs 9-11); 5m: its W4 cycle over 1m's in a later run, at that run's scale
 PASS_MS = {"stdlib-1m": 1.41, "stdlib-5m": 3.4, "stdlib-29m": 3.8}
 CALL_MS = 8.7
 SNAPSHOT_S = RouterSettings.model_fields["snapshot_refresh_s"].default   # the router's poll of the profiler
