@@ -37,6 +37,7 @@ from specrouter.profiler.memory_store import MemoryStore
 from specrouter.profiler.metrics import EmaConstants, Update
 from specrouter.profiler.resilient import ResilientMetrics
 from specrouter.router.chain import CycleReport, Row, prompt_agreement
+from specrouter.router.measurements import cycle_measurements
 from specrouter.router.scheduler import Scheduler, SchedulerSettings
 from specrouter.router.settings import RouterSettings
 from specrouter.v1 import profiler_pb2 as pb
@@ -176,10 +177,10 @@ class Replay:
             decision = self.scheduler.decision_for(batch) if static is None else None
             ms = self.costs.cycle_ms(chain, window)   # a catch-up is one wider pass: flat, like any pass here
             accepted = min(prompt["accepted"][chain[0]][t], window) if len(chain) > 1 else 0
-            report = self._report(chain, window, row, accepted, ms)
+            report = self._report(chain, window, row, accepted)
             self.clock.now += ms / 1e3
-            if len(chain) > 1:
-                self.metrics.report([Update.of(s) for s in codec.samples_from_pb(_acceptance(chain, accepted, window))])
+            measured = cycle_measurements(report, [row])   # what the router sends the profiler
+            self.metrics.report([Update.of(s) for s in codec.samples_from_pb(measured)])
             self.scheduler.observe(report, [row], int(ms * 1e6), static is None, decision)
             row.tokens += report.emitted[row.row_id]
             for m in chain:
@@ -189,7 +190,7 @@ class Replay:
                 self.picks[(tuple(chain), window if len(chain) > 1 else 0)] += 1
         return total
 
-    def _report(self, chain: Sequence[str], window: int, row: Row, accepted: int, ms: float) -> CycleReport:
+    def _report(self, chain: Sequence[str], window: int, row: Row, accepted: int) -> CycleReport:
         """The cycle as the router reports it: each call its passes (at the table's cost) and the call's
         overhead, so that the scheduler learns the replay's costs."""
         results, call_ns = {}, {}
@@ -205,14 +206,6 @@ class Replay:
                            accepted={verifier: [accepted]} if len(chain) > 1 else {},
                            proposed={verifier: [window]} if len(chain) > 1 else {},
                            results=results, call_ns=call_ns)
-
-
-def _acceptance(chain: Sequence[str], accepted: int, window: int) -> pb.ReportRequest:
-    request = pb.ReportRequest()
-    for position in range(min(accepted + 1, window)):
-        request.acceptance.add(drafter=chain[0], verifier=chain[1], mode=pb.DECODING_MODE_GREEDY,
-                               position=position, accepted=int(position < accepted), proposed=1)
-    return request
 
 
 def statics(traces: dict, windows: Sequence[int]) -> list[tuple[tuple[str, ...], int]]:
