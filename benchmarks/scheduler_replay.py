@@ -36,6 +36,7 @@ from specrouter.profiler import codec
 from specrouter.profiler.memory_store import MemoryStore
 from specrouter.profiler.metrics import EmaConstants, Update
 from specrouter.profiler.resilient import ResilientMetrics
+from specrouter.report.scheduler_report import Config
 from specrouter.router.chain import CycleReport, Row, prompt_agreement
 from specrouter.router.measurements import cycle_measurements
 from specrouter.router.scheduler import Scheduler, SchedulerSettings
@@ -246,8 +247,7 @@ def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, pa
 
 
 def _label(config: tuple[tuple[str, ...], int]) -> str:
-    chain, window = config
-    return ",".join(chain) + (f" W{window}" if len(chain) > 1 else "")
+    return Config(*config).label()   # as the report names it
 
 
 def _pass_ms(text: str) -> dict[str, float]:

@@ -276,7 +276,7 @@ class SchedulerReport:
         # where the time went: the router's cycles (T_eff, ms per token of a row) and the rest of the
         # client's time per token (prefill, admission, the wave's wait for its last row); a configuration
         # that wins in its cycles and loses at the client loses outside them
-        t_eff = {c: m.cycle_ms / m.emitted if m.emitted else None for c, m in measured.items()}
+        t_eff = {c: _t_eff(m) for c, m in measured.items()}
         outside = {c: _outside_ms(m, batch) for c, m in measured.items()}
         statics = [{"chain": list(c.chain), "window": c.window, "tokens_per_s": rate[c],
                     "tokens_per_s_runs": measured[c].tokens_per_s, "screening_tokens_per_s": speed[c],
@@ -293,11 +293,8 @@ class SchedulerReport:
                 "adaptive_beats_every_static": rate[adaptive] > best["tokens_per_s"]}
 
     def _summarise(self, kind: str, batch: int, requests: int, measured: dict[Config, Measured]) -> dict:
-        def t_eff(m: Measured) -> float | None:
-            return m.cycle_ms / m.emitted if m.emitted else None
-
         def t_eff_at_batch(m: Measured) -> float | None:   # what the prediction, made for B rows, is about
-            return m.at_batch[1] / m.at_batch[2] if m.at_batch[2] else t_eff(m)
+            return m.at_batch[1] / m.at_batch[2] if m.at_batch[2] else _t_eff(m)
 
         statics = []
         for config, m in measured.items():
@@ -309,7 +306,7 @@ class SchedulerReport:
                             "tokens_per_s_runs": m.tokens_per_s,
                             "predicted_t_eff_ms": statistics.fmean(predicted) if predicted else None,
                             "measured_t_eff_ms": t_eff_at_batch(m), "cycles": m.cycles,
-                            "measured_t_eff_all_cycles_ms": t_eff(m), "cycles_at_batch_size": int(m.at_batch[0]),
+                            "measured_t_eff_all_cycles_ms": _t_eff(m), "cycles_at_batch_size": int(m.at_batch[0]),
                             "predicted_cycle_ms": statistics.fmean(c for c, _ in m.predicted_static)
                             if m.predicted_static else None,
                             "predicted_emitted": statistics.fmean(e for _, e in m.predicted_static)
@@ -338,7 +335,7 @@ class SchedulerReport:
             "adaptive_over_held_out_best_static": adaptive_tps / held_out if held_out else None,
             "adaptive": {"predicted_t_eff_ms": (adaptive.predicted_cycle_ms / adaptive.predicted_emitted
                                                 if adaptive.predicted_emitted else None),
-                         "measured_t_eff_ms": t_eff(adaptive), "cycles": adaptive.cycles,
+                         "measured_t_eff_ms": _t_eff(adaptive), "cycles": adaptive.cycles,
                          "measured_cycle_ms": adaptive.cycle_ms / adaptive.cycles if adaptive.cycles else None,
                          "measured_emitted": adaptive.emitted / adaptive.cycles if adaptive.cycles else None,
                          "chain_counts": dict(sorted(adaptive.chain_counts.items(), key=lambda kv: -kv[1])),
@@ -437,6 +434,11 @@ def held_out_best(waves: Sequence[Sequence[tuple[int, float]]]) -> float | None:
     return tokens / seconds
 
 
+def _t_eff(m: Measured) -> float | None:
+    """The router's milliseconds of cycle per token of a row, over every cycle of the configuration."""
+    return m.cycle_ms / m.emitted if m.emitted else None
+
+
 def _outside_ms(m: Measured, batch: int) -> float | None:
     """Client milliseconds per token not spent in the router's cycles: the client's time over its
     tokens, less the cycles' time over the tokens they emitted (per row; a wave's B rows in flight share
@@ -444,7 +446,7 @@ def _outside_ms(m: Measured, batch: int) -> float | None:
     tokens = sum(t for t, _ in m.waves)
     if not tokens or not m.emitted:
         return None
-    return sum(x for _, x in m.waves) * 1e3 / tokens - m.cycle_ms / m.emitted / batch
+    return sum(x for _, x in m.waves) * 1e3 / tokens - _t_eff(m) / batch
 
 
 def _requests(requests: int, batch: int) -> int:
