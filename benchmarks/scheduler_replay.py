@@ -217,15 +217,18 @@ def statics(traces: dict, windows: Sequence[int]) -> list[tuple[tuple[str, ...],
 
 def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, passes: int = 3,
                      windows: Sequence[int] = (2, 4, 6, 8), requests: int = 8,
-                     acceptance_alpha: float = EmaConstants.acceptance_alpha) -> list[dict]:
-    """The report's batch-1 cells on one router: each kind, then the switching stream (prose, then
-    repetitive), each wave by `auto` then every static; ms per token per configuration over `passes`."""
+                     acceptance_alpha: float = EmaConstants.acceptance_alpha,
+                     switching: Sequence[tuple[str, str]] = (("prose", "repetitive"),)) -> list[dict]:
+    """The report's batch-1 cells on one router: each kind, then each switching stream (A's requests, then
+    B's), each wave by `auto` then every static; ms per token per configuration over `passes`, and what the
+    best configuration per request, picked with hindsight, would have taken (`hindsight`)."""
     by_kind: dict[str, list[dict]] = {}
     for p in traces["prompts"]:
         by_kind.setdefault(p["kind"], []).append(p)
     cells = [(kind, ps[:requests]) for kind, ps in by_kind.items()]
-    if "prose" in by_kind and "repetitive" in by_kind:
-        cells.append(("switching:prose>repetitive", by_kind["prose"][:requests] + by_kind["repetitive"][:requests]))
+    for a, b in switching:
+        if a in by_kind and b in by_kind:
+            cells.append((f"switching:{a}>{b}", by_kind[a][:requests] + by_kind[b][:requests]))
     replay = Replay(traces, costs, settings, acceptance_alpha)
     configs = statics(traces, windows)
     out = []
@@ -235,13 +238,15 @@ def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, pa
         for _ in range(passes):
             for p in prompts:
                 ms["auto"] += replay.run(p)
-                for config in configs:
-                    ms[_label(config)] += replay.run(p, config)
+                each = {_label(config): replay.run(p, config) for config in configs}
+                ms.update(each)
+                ms["hindsight"] += min(each.values())
         tokens = passes * len(prompts) * traces["new_tokens"]
         per_token = {k: v / tokens for k, v in ms.items()}
-        best = min((k for k in per_token if k != "auto"), key=per_token.get)
+        best = min((k for k in per_token if k not in ("auto", "hindsight")), key=per_token.get)
         out.append({"kind": kind, "ms_per_token": per_token, "best_static": best,
                     "auto_speed_over_best_static": per_token[best] / per_token["auto"],
+                    "hindsight_speed_over_best_static": per_token[best] / per_token["hindsight"],
                     "auto_picks": {_label(c): n for c, n in replay.picks.most_common()}})
     return out
 
@@ -274,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--call-ms", type=float, default=CALL_MS)
     r.add_argument("--acceptance-alpha", type=float, default=EmaConstants.acceptance_alpha)
     r.add_argument("--scheduler", default="{}", help="SchedulerSettings overrides as JSON")
+    r.add_argument("--switching", default="prose>repetitive", help="switching streams, e.g. prose>code,code>prose")
     r.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "traces":
@@ -288,16 +294,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"no pass cost for {missing}: give them with --pass-ms MODEL=MS")
     settings = SchedulerSettings(**json.loads(args.scheduler))
     cells = replay_workloads(traces, costs, settings, args.passes, [int(w) for w in args.windows.split(",")],
-                             acceptance_alpha=args.acceptance_alpha)
+                             acceptance_alpha=args.acceptance_alpha,
+                             switching=[tuple(x.strip() for x in pair.split(">", 1))
+                                        for pair in args.switching.split(",") if ">" in pair])
     if args.json:
         print(json.dumps(cells, indent=1))
         return 0
     for c in cells:
         ms, best = c["ms_per_token"], c["best_static"]
         print(f"{c['kind']:28s} auto {ms['auto']:6.2f} ms/token; best static {best} {ms[best]:.2f}; "
-              f"auto = {c['auto_speed_over_best_static']:.3f} x its speed")
+              f"auto = {c['auto_speed_over_best_static']:.3f} x its speed, "
+              f"hindsight {c['hindsight_speed_over_best_static']:.3f}")
         print("    statics: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(ms.items(), key=lambda kv: kv[1])
-                                         if k != "auto"))
+                                         if k not in ("auto", "hindsight")))
         print("    auto ran: " + ", ".join(f"{k} {n}" for k, n in list(c["auto_picks"].items())[:6]))
     return 0
 
