@@ -52,6 +52,7 @@ class Prediction:
     level_ns: tuple[float, ...]    # expected wall time per level, router overhead excluded
     checks: tuple[tuple[float, float], ...] = ()  # per verifier level: (E[accepted], E[positions checked]) per row
     emitted_var: float = 0.0       # variance of the tokens one row emits in a cycle
+    emitted_dist: tuple[float, ...] = ()   # P(a row emits n tokens in a cycle), n = 0, 1, ... (rows mixed)
 
     @property
     def t_eff_ns(self) -> float:
@@ -127,7 +128,7 @@ def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], laten
     if len(chain) == 1:
         (model,) = chain
         level_ns = (latency(model, batch, 1) + overhead(model, 1),)
-        return Prediction(chain, 0, batch, level_ns[0] + cycle_overhead_ns, 1.0, level_ns)
+        return Prediction(chain, 0, batch, level_ns[0] + cycle_overhead_ns, 1.0, level_ns, emitted_dist=(0.0, 1.0))
     # lengths per group, level by level: level 1 proposes exactly W tokens
     incoming = [[0.0] * window + [1.0] for _ in groups]
     verify_ns, checks = [], []
@@ -154,9 +155,44 @@ def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], laten
                 + (window - 1) * latency(drafter, batch, 1) + overhead(drafter, window))
     emitted = sum(g.rows * sum(n * p for n, p in enumerate(d)) for d, g in zip(emitted_dists, groups)) / batch
     square = sum(g.rows * sum(n * n * p for n, p in enumerate(d)) for d, g in zip(emitted_dists, groups)) / batch
+    mixed = [0.0] * max(len(d) for d in emitted_dists)
+    for d, g in zip(emitted_dists, groups):
+        for n, p in enumerate(d):
+            mixed[n] += g.rows * p / batch
     level_ns = (draft_ns, *verify_ns)
     return Prediction(chain, window, batch, sum(level_ns) + cycle_overhead_ns, emitted, level_ns, tuple(checks),
-                      max(0.0, square - emitted * emitted))
+                      max(0.0, square - emitted * emitted), tuple(mixed))
+
+
+def best_finish(predictions: Sequence[Prediction], costs: Sequence[float], horizon: int) -> list[float]:
+    """V(r), r = 0 .. `horizon`: one row's least expected cost to emit r more tokens, cycle by cycle, by
+    dynamic programming over the candidates (of cost `costs[c]`, emitting `emitted_dist`) whose window
+    fits the tokens left (window < r; the target alone always fits): V(r) = min_c cost_c + E V(r - X_c),
+    the tokens a cycle emits past r dropped."""
+    best = [0.0] * (horizon + 1)
+    for r in range(1, horizon + 1):
+        least = fallback = math.inf
+        for p, cost in zip(predictions, costs):
+            value = cost + sum(q * best[r - n] for n, q in enumerate(p.emitted_dist) if 0 < n < r)
+            fallback = min(fallback, value)
+            if len(p.chain) == 1 or p.window < r:
+                least = min(least, value)
+        best[r] = least if least < math.inf else fallback
+    return best
+
+
+def finish_regret(prediction: Prediction, cost: float, best: Sequence[float], rate: float, left: int) -> float:
+    """What one cycle of `prediction` (of cost `cost`) costs a row with `left` tokens to emit beyond the
+    best finish (`best`: best_finish's V, extended past its horizon at `rate`, the least T_eff: far from
+    the end every token costs that). Far from the end it is cost - rate E[X], T_eff's excess over the best
+    times the tokens emitted; near it, it counts the tokens emitted past the end and what the remaining
+    few cost to finish."""
+    horizon = len(best) - 1
+
+    def value(r: int) -> float:
+        return best[r] if r <= horizon else best[horizon] + (r - horizon) * rate
+    after = sum(q * value(left - n) for n, q in enumerate(prediction.emitted_dist) if 0 < n < left)
+    return cost + after - value(left)
 
 
 @functools.cache

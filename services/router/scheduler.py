@@ -22,7 +22,13 @@ those that name the window, the best chain at it. On top of the ranking:
   candidates are ranked by T_eff times the expected cost of both (cost_model.tail_factor, weighted by
   `tail_weight`), from each row's tokens left (the batch waits for the row furthest behind) and the cost
   of the same cycle for one row. That factor is never below 1, so the candidates are taken in order of
-  T_eff and scored only until the next one's T_eff reaches the best score found;
+  T_eff and scored only until the next one's T_eff reaches the best score found. A batch of one row
+  is costed exactly instead: the least expected cost of finishing it from each number of tokens left
+  (by dynamic programming over the candidates' emitted distributions, cost_model.best_finish), and a
+  candidate scores the best T_eff plus its regret against that finish per token it emits (T_eff far
+  from the end; near it, the drafts past the end and the few tokens left). With the renewal factor,
+  one-row batches on prose ran their last 3-5 tokens on the target alone, where a window that fits them
+  costs less;
 - hysteresis: the batch keeps its chain unless another chain is predicted faster by `chain_hysteresis`,
   counting the catch-up of models that sat out (their pending tokens) spread over the cycles the batch
   is expected to run on (`switch_horizon_cycles` at most: a batch about to finish cannot earn back a
@@ -89,7 +95,7 @@ from pydantic import BaseModel, Field
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.profiler.metrics import EmaConstants
 from specrouter.router.chain import ChainBatch, CycleReport, Row
-from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, predict, tail_factor
+from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, best_finish, finish_regret, predict, tail_factor
 from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, RecentReports, latency_table
 from specrouter.v1 import profiler_pb2 as ppb
 
@@ -196,10 +202,12 @@ def batch_shift(rows: Sequence[Row], prior_checks: float, step: float, down: flo
 
 def _least(candidates: Sequence[Prediction], score: Score, scales: Mapping[str, float]) -> Prediction | None:
     """The candidate of least `score`, from candidates ordered by scaled T_eff, which `score` never goes
-    below: once the next one's T_eff is no less than the best score found, none after it can beat it."""
+    below unless it says so (`bounded` False): once the next one's T_eff is no less than the best score
+    found, none after it can beat it."""
     best, best_score = None, math.inf
+    bounded = getattr(score, "bounded", True)
     for p in candidates:
-        if best is not None and (score is _t_eff or p.scaled_cost_ns(scales) / p.emitted >= best_score):
+        if best is not None and bounded and (score is _t_eff or p.scaled_cost_ns(scales) / p.emitted >= best_score):
             break
         value = score(p)
         if value < best_score:
@@ -226,7 +234,9 @@ Score = Callable[[Prediction], float]
 PlanKey = tuple[int, int, int, int, "frozenset[tuple[str, str]] | None"]
 
 
-NO_SCALES: Mapping[str, float] = types.MappingProxyType({})   # every model as the latency table says
+NO_SCALES: Mapping[str, float] = types.MappingProxyType({})
+FINISH_HORIZON = 32   # tokens left up to which a one-row batch's finish is costed exactly
+FINISH_SCALE_STEP = 0.05   # latency scales are rounded to this for the finish costs (made once per plan)   # every model as the latency table says
 
 
 def _t_eff(p: Prediction) -> float:
@@ -329,6 +339,7 @@ class Scheduler:
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
+        self._finish_tables: dict[tuple, tuple[Plan, list[float], float]] = {}   # (plan, scales) -> best finish, rate
         self._stop = threading.Event()
         self._planner: threading.Thread | None = None
         self.ledgers: dict[tuple[tuple[str, ...], int, int, bool], Ledger] = defaultdict(Ledger)
@@ -582,10 +593,13 @@ class Scheduler:
 
     def _score(self, rows: Sequence[Row], scales: Mapping[str, float], solo: Plan | None) -> Score:
         """T_eff with the batch's latency scales, times the weighted cost of the rows' overshoot and spread
-        (cost_model.tail_factor) when `solo` (the one-row plan) is given."""
+        (cost_model.tail_factor) when `solo` (the one-row plan) is given; for a batch of one row, the
+        cost of finishing it (cost_model.finish_costs) over its tokens left, as a factor on T_eff."""
         left = [_row_tokens_left(r) for r in rows]
         weight = self.settings.tail_weight
         memo: dict[int, float] = {}
+        if solo is not None and len(rows) == 1 and left[0] > 0:
+            return self._finish_score(solo, scales, left[0])
 
         def score(p: Prediction) -> float:
             hit = memo.get(id(p))
@@ -597,6 +611,32 @@ class Scheduler:
                     hit *= 1 + weight * (tail_factor(p, one.scaled_cost_ns(scales), left, cost) - 1)
                 memo[id(p)] = hit
             return hit
+        return score
+
+    def _finish_score(self, plan: Plan, scales: Mapping[str, float], left: int) -> Score:
+        """Score of a one-row batch with `left` tokens to emit: the best T_eff g plus a candidate's regret
+        (cost_model.finish_regret: its cycle's cost beyond the best finish) per token it emits. Far from
+        the end that is its T_eff; near it, it counts the tokens emitted past the end and the cost of the
+        few left, exactly for one row (the best finish is made once per plan and rounded latency scales).
+        The best candidate scores g, which may be below its T_eff: not `bounded` by T_eff."""
+        rounded = {m: round(x / FINISH_SCALE_STEP) * FINISH_SCALE_STEP for m, x in scales.items()}
+        key = (id(plan), tuple(sorted(rounded.items())))
+        hit = self._finish_tables.get(key)
+        if hit is None or hit[0] is not plan:
+            if len(self._finish_tables) > 64:
+                self._finish_tables.clear()
+            costs = [p.scaled_cost_ns(rounded) for p in plan.predictions]
+            rate = min(c / p.emitted for p, c in zip(plan.predictions, costs))
+            hit = self._finish_tables[key] = (plan, best_finish(plan.predictions, costs, FINISH_HORIZON), rate)
+        _, best, rate = hit
+        weight = self.settings.tail_weight
+
+        def score(p: Prediction) -> float:
+            cost = p.scaled_cost_ns(scales)
+            t_eff = cost / p.emitted
+            finish = rate + finish_regret(p, cost, best, rate, left) / p.emitted
+            return t_eff + weight * (finish - t_eff)
+        score.bounded = False
         return score
 
     def _decide_in(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
