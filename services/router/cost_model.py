@@ -30,6 +30,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 LatencyFn = Callable[[str, int, int], float]          # (model, batch size, tokens per row) -> ns
 OverheadFn = Callable[[str, int], float]              # (model, forward passes in the call) -> ns
 
@@ -164,35 +166,59 @@ def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], laten
                       max(0.0, square - emitted * emitted), tuple(mixed))
 
 
+def _emitted_matrix(predictions: Sequence[Prediction]) -> np.ndarray:
+    """P(a row emits n tokens in a cycle), one row per candidate, n = 0 .. the most any emits."""
+    width = max(len(p.emitted_dist) for p in predictions)
+    out = np.zeros((len(predictions), width))
+    for c, p in enumerate(predictions):
+        out[c, :len(p.emitted_dist)] = p.emitted_dist
+    return out
+
+
 def best_finish(predictions: Sequence[Prediction], costs: Sequence[float], horizon: int) -> list[float]:
     """V(r), r = 0 .. `horizon`: one row's least expected cost to emit r more tokens, cycle by cycle, by
     dynamic programming over the candidates (of cost `costs[c]`, emitting `emitted_dist`) whose window
     fits the tokens left (window < r; the target alone always fits): V(r) = min_c cost_c + E V(r - X_c),
     the tokens a cycle emits past r dropped."""
-    best = [0.0] * (horizon + 1)
+    emitted = _emitted_matrix(predictions)
+    cost = np.asarray(costs, dtype=float)
+    window = np.array([0 if len(p.chain) == 1 else p.window for p in predictions])
+    best = np.zeros(horizon + 1)
     for r in range(1, horizon + 1):
-        least = fallback = math.inf
-        for p, cost in zip(predictions, costs):
-            value = cost + sum(q * best[r - n] for n, q in enumerate(p.emitted_dist) if 0 < n < r)
-            fallback = min(fallback, value)
-            if len(p.chain) == 1 or p.window < r:
-                least = min(least, value)
-        best[r] = least if least < math.inf else fallback
-    return best
+        n = min(r, emitted.shape[1])
+        value = cost + emitted[:, 1:n] @ best[r - 1:r - n:-1]   # sum over 0 < n < r of P(n) V(r - n)
+        fits = window < r
+        best[r] = value[fits].min() if fits.any() else value.min()
+    return best.tolist()
+
+
+def _extended(best: Sequence[float], rate: float, reach: int) -> np.ndarray:
+    """V(0 .. reach): `best` up to its horizon, then `rate` per token more (far from the end every token
+    costs the least T_eff)."""
+    horizon = len(best) - 1
+    k = np.arange(reach + 1)
+    return np.where(k <= horizon, np.asarray(best)[np.minimum(k, horizon)], best[horizon] + (k - horizon) * rate)
 
 
 def finish_regret(prediction: Prediction, cost: float, best: Sequence[float], rate: float, left: int) -> float:
     """What one cycle of `prediction` (of cost `cost`) costs a row with `left` tokens to emit beyond the
-    best finish (`best`: best_finish's V, extended past its horizon at `rate`, the least T_eff: far from
-    the end every token costs that). Far from the end it is cost - rate E[X], T_eff's excess over the best
-    times the tokens emitted; near it, it counts the tokens emitted past the end and what the remaining
-    few cost to finish."""
-    horizon = len(best) - 1
+    best finish (`best`: best_finish's V, extended past its horizon at `rate`, the least T_eff). Far from
+    the end it is cost - rate E[X], T_eff's excess over the best times the tokens emitted; near it, it
+    counts the tokens emitted past the end and what the remaining few cost to finish."""
+    return cost + float(finish_excess([prediction], best, rate, left)[0, left])
 
-    def value(r: int) -> float:
-        return best[r] if r <= horizon else best[horizon] + (r - horizon) * rate
-    after = sum(q * value(left - n) for n, q in enumerate(prediction.emitted_dist) if 0 < n < left)
-    return cost + after - value(left)
+
+def finish_excess(predictions: Sequence[Prediction], best: Sequence[float], rate: float, reach: int) -> np.ndarray:
+    """finish_regret less the cycle's own cost, for every candidate (rows) and tokens left 0 .. `reach`
+    (columns; 0 at 0 left): E V(r - X) - V(r), V extended past its horizon at `rate`."""
+    emitted = _emitted_matrix(predictions)
+    value = _extended(best, rate, reach + emitted.shape[1])
+    r = np.arange(reach + 1)[None, :]
+    n = np.arange(emitted.shape[1])[:, None]
+    after = np.where((n > 0) & (n < r), value[np.maximum(r - n, 0)], 0.0)   # V(r - n) for 0 < n < r
+    out = emitted @ after - value[None, :reach + 1]
+    out[:, 0] = 0.0
+    return out
 
 
 @functools.cache

@@ -95,7 +95,7 @@ from pydantic import BaseModel, Field
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.profiler.metrics import EmaConstants
 from specrouter.router.chain import ChainBatch, CycleReport, Row
-from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, best_finish, finish_regret, predict, tail_factor
+from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, best_finish, finish_excess, predict, tail_factor
 from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, RecentReports, latency_table
 from specrouter.v1 import profiler_pb2 as ppb
 
@@ -234,9 +234,9 @@ Score = Callable[[Prediction], float]
 PlanKey = tuple[int, int, int, int, "frozenset[tuple[str, str]] | None"]
 
 
-NO_SCALES: Mapping[str, float] = types.MappingProxyType({})
-FINISH_HORIZON = 32   # tokens left up to which a one-row batch's finish is costed exactly
-FINISH_SCALE_STEP = 0.05   # latency scales are rounded to this for the finish costs (made once per plan)   # every model as the latency table says
+NO_SCALES: Mapping[str, float] = types.MappingProxyType({})   # every model as the latency table says
+FINISH_HORIZON = 16   # tokens left up to which a one-row batch's finish is costed exactly
+FINISH_SCALE_STEP = 0.05   # latency scales are rounded to this for the finish costs (made once per plan)
 
 
 def _t_eff(p: Prediction) -> float:
@@ -593,8 +593,8 @@ class Scheduler:
 
     def _score(self, rows: Sequence[Row], scales: Mapping[str, float], solo: Plan | None) -> Score:
         """T_eff with the batch's latency scales, times the weighted cost of the rows' overshoot and spread
-        (cost_model.tail_factor) when `solo` (the one-row plan) is given; for a batch of one row, the
-        cost of finishing it (cost_model.finish_costs) over its tokens left, as a factor on T_eff."""
+        (cost_model.tail_factor) when `solo` (the one-row plan) is given; for a batch of one row, its
+        regret against the best finish (`_finish_score`)."""
         left = [_row_tokens_left(r) for r in rows]
         weight = self.settings.tail_weight
         memo: dict[int, float] = {}
@@ -616,9 +616,13 @@ class Scheduler:
     def _finish_score(self, plan: Plan, scales: Mapping[str, float], left: int) -> Score:
         """Score of a one-row batch with `left` tokens to emit: the best T_eff g plus a candidate's regret
         (cost_model.finish_regret: its cycle's cost beyond the best finish) per token it emits. Far from
-        the end that is its T_eff; near it, it counts the tokens emitted past the end and the cost of the
-        few left, exactly for one row (the best finish is made once per plan and rounded latency scales).
-        The best candidate scores g, which may be below its T_eff: not `bounded` by T_eff."""
+        the end (more than FINISH_HORIZON tokens left after any cycle) that is exactly its T_eff; nearer,
+        it counts the tokens emitted past the end and the cost of the few left, exactly for one row. The
+        regrets less the cycle's own cost are tabled once per plan and rounded latency scales, for every
+        number of tokens left up to that point. The best candidate scores g, which may be below its
+        T_eff: not `bounded` by T_eff."""
+        if left > FINISH_HORIZON + max(self.settings.windows) + 1:
+            return lambda p: p.scaled_cost_ns(scales) / p.emitted
         rounded = {m: round(x / FINISH_SCALE_STEP) * FINISH_SCALE_STEP for m, x in scales.items()}
         key = (id(plan), tuple(sorted(rounded.items())))
         hit = self._finish_tables.get(key)
@@ -627,14 +631,21 @@ class Scheduler:
                 self._finish_tables.clear()
             costs = [p.scaled_cost_ns(rounded) for p in plan.predictions]
             rate = min(c / p.emitted for p, c in zip(plan.predictions, costs))
-            hit = self._finish_tables[key] = (plan, best_finish(plan.predictions, costs, FINISH_HORIZON), rate)
-        _, best, rate = hit
+            best = best_finish(plan.predictions, costs, FINISH_HORIZON)
+            reach = FINISH_HORIZON + max(self.settings.windows) + 1
+            table = finish_excess(plan.predictions, best, rate, reach).tolist()
+            excess = {id(p): row for p, row in zip(plan.predictions, table)}
+            hit = self._finish_tables[key] = (plan, excess, rate)
+        _, excess, rate = hit
         weight = self.settings.tail_weight
 
         def score(p: Prediction) -> float:
             cost = p.scaled_cost_ns(scales)
             t_eff = cost / p.emitted
-            finish = rate + finish_regret(p, cost, best, rate, left) / p.emitted
+            beyond = excess.get(id(p))
+            if beyond is None:
+                return t_eff
+            finish = rate + (cost + beyond[left]) / p.emitted
             return t_eff + weight * (finish - t_eff)
         score.bounded = False
         return score

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from specrouter.router.cost_model import (LatencyTable, Prediction, RowGroup, accepted_distribution, best_finish,
-                                         expected_batch_cost, expected_max, finish_regret, max_normal_moments, predict,
-                                         tail_factor)
+                                         expected_batch_cost, expected_max, finish_excess, finish_regret,
+                                         max_normal_moments, predict, tail_factor)
 
 # An arbitrary latency model: a fixed cost plus a cost per token of the padded block.
 COSTS = {"a": (1.0e6, 0.02e6), "b": (2.5e6, 0.05e6), "t": (9.0e6, 0.4e6)}
@@ -235,6 +235,28 @@ def test_best_finish_is_the_cost_of_its_own_policy_and_no_fitting_static_beats_i
                      for _ in range(runs)) / runs
         assert static > best[20] * 0.985
     assert best[20] <= 20 * candidates[0].cost_ns + 1e-6
+
+
+def test_best_finish_and_its_excess_are_their_recurrences() -> None:
+    """best_finish and finish_excess (vectorised) against the recurrences written out term by term."""
+    candidates = _finish_candidates(0.7)
+    costs = [p.cost_ns * (1 + 0.1 * i) for i, p in enumerate(candidates)]
+    horizon, rate, reach = 12, 3.0e6, 30
+    best = best_finish(candidates, costs, horizon)
+    want = [0.0]
+    for r in range(1, horizon + 1):
+        values = [(c + sum(q * want[r - n] for n, q in enumerate(p.emitted_dist) if 0 < n < r), p)
+                  for p, c in zip(candidates, costs)]
+        want.append(min(v for v, p in values if len(p.chain) == 1 or p.window < r))
+    assert best == pytest.approx(want, rel=1e-12)
+
+    def value(k: int) -> float:
+        return want[k] if k <= horizon else want[horizon] + (k - horizon) * rate
+    table = finish_excess(candidates, best, rate, reach)
+    for c, p in enumerate(candidates):
+        for r in range(1, reach + 1):
+            after = sum(q * value(r - n) for n, q in enumerate(p.emitted_dist) if 0 < n < r)
+            assert table[c, r] == pytest.approx(after - value(r), rel=1e-9, abs=1e-3)
 
 
 def test_finish_regret_far_from_the_end_is_the_excess_over_the_best_t_eff() -> None:
