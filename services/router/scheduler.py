@@ -236,7 +236,6 @@ PlanKey = tuple[int, int, int, int, "frozenset[tuple[str, str]] | None"]
 
 NO_SCALES: Mapping[str, float] = types.MappingProxyType({})   # every model as the latency table says
 FINISH_HORIZON = 16   # tokens left up to which a one-row batch's finish is costed exactly
-FINISH_SCALE_STEP = 0.05   # latency scales are rounded to this for the finish costs (made once per plan)
 
 
 def _t_eff(p: Prediction) -> float:
@@ -268,6 +267,24 @@ class Plan:
     latency: LatencyTable
     made_at: float
     version: int
+    finish: Finish | None = None   # for a one-row composition, made with the plan
+
+
+@dataclass(frozen=True)
+class Finish:
+    """A one-row plan's finish costs at the latency table's own times: the least T_eff (`rate`) and, per
+    candidate (by id), finish_regret less the cycle's cost for every number of tokens left up to `reach`."""
+
+    rate: float
+    excess: dict[int, list[float]]
+    reach: int
+
+    @classmethod
+    def of(cls, predictions: Sequence[Prediction], horizon: int, reach: int) -> Finish:
+        rate = min(p.t_eff_ns for p in predictions)
+        best = best_finish(predictions, [p.cost_ns for p in predictions], horizon)
+        table = finish_excess(predictions, best, rate, reach).tolist()
+        return cls(rate, {id(p): row for p, row in zip(predictions, table)}, reach)
 
 
 @dataclass
@@ -339,7 +356,7 @@ class Scheduler:
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
-        self._finish_tables: dict[tuple, tuple[Plan, list[float], float]] = {}   # (plan, scales) -> best finish, rate
+        self._finish_reach = FINISH_HORIZON + max(self.settings.windows) + 1   # tokens left a finish is costed to
         self._stop = threading.Event()
         self._planner: threading.Thread | None = None
         self.ledgers: dict[tuple[tuple[str, ...], int, int, bool], Ledger] = defaultdict(Ledger)
@@ -464,9 +481,11 @@ class Scheduler:
             if pause:
                 time.sleep(0)
         predictions.sort(key=lambda p: p.t_eff_ns)
+        finish = Finish.of(predictions, FINISH_HORIZON, self._finish_reach) if batch == 1 and predictions else None
         self.counts["plans"] += 1
         self.planning_ns += time.perf_counter_ns() - started
-        return Plan(predictions, {(p.chain, p.window): p for p in predictions}, estimates, latency, now, version)
+        return Plan(predictions, {(p.chain, p.window): p for p in predictions}, estimates, latency, now, version,
+                    finish)
 
     def _note_snapshot(self, snapshot: ppb.SnapshotResponse, now: float) -> None:
         """A pair whose checks grew since the last snapshot was measured (by any router)."""
@@ -618,35 +637,28 @@ class Scheduler:
         (cost_model.finish_regret: its cycle's cost beyond the best finish) per token it emits. Far from
         the end (more than FINISH_HORIZON tokens left after any cycle) that is exactly its T_eff; nearer,
         it counts the tokens emitted past the end and the cost of the few left, exactly for one row. The
-        regrets less the cycle's own cost are tabled once per plan and rounded latency scales, for every
-        number of tokens left up to that point. The best candidate scores g, which may be below its
-        T_eff: not `bounded` by T_eff."""
-        if left > FINISH_HORIZON + max(self.settings.windows) + 1:
+        plan tables the regrets (less the cycle's cost) at the latency table's times (`Finish`, made with
+        the plan, off the cycle's path); a batch whose passes run slower or faster (its latency scales)
+        has them scaled by its best T_eff over the plan's, which leaves the score its T_eff where the
+        table ends. The best candidate scores g, which may be below its T_eff: not `bounded` by T_eff."""
+        if left > self._finish_reach or not plan.predictions:
             return lambda p: p.scaled_cost_ns(scales) / p.emitted
-        rounded = {m: round(x / FINISH_SCALE_STEP) * FINISH_SCALE_STEP for m, x in scales.items()}
-        key = (id(plan), tuple(sorted(rounded.items())))
-        hit = self._finish_tables.get(key)
-        if hit is None or hit[0] is not plan:
-            if len(self._finish_tables) > 64:
-                self._finish_tables.clear()
-            costs = [p.scaled_cost_ns(rounded) for p in plan.predictions]
-            rate = min(c / p.emitted for p, c in zip(plan.predictions, costs))
-            best = best_finish(plan.predictions, costs, FINISH_HORIZON)
-            reach = FINISH_HORIZON + max(self.settings.windows) + 1
-            table = finish_excess(plan.predictions, best, rate, reach).tolist()
-            excess = {id(p): row for p, row in zip(plan.predictions, table)}
-            hit = self._finish_tables[key] = (plan, excess, rate)
-        _, excess, rate = hit
-        weight = self.settings.tail_weight
+        finish = plan.finish
+        if finish is None:   # a plan made for another batch size serving a one-row batch
+            finish = plan.finish = Finish.of(plan.predictions, FINISH_HORIZON, self._finish_reach)
+        costs = {id(p): p.scaled_cost_ns(scales) for p in plan.predictions} if scales else None
+        stretch = (min(costs[id(p)] / p.emitted for p in plan.predictions) / finish.rate) if costs else 1.0
+        rate, excess, weight = finish.rate * stretch, finish.excess, self.settings.tail_weight
 
         def score(p: Prediction) -> float:
-            cost = p.scaled_cost_ns(scales)
+            cost = costs.get(id(p)) if costs is not None else None
+            if cost is None:
+                cost = p.scaled_cost_ns(scales)
             t_eff = cost / p.emitted
             beyond = excess.get(id(p))
             if beyond is None:
                 return t_eff
-            finish = rate + (cost + beyond[left]) / p.emitted
-            return t_eff + weight * (finish - t_eff)
+            return t_eff + weight * (rate + (cost + stretch * beyond[left]) / p.emitted - t_eff)
         score.bounded = False
         return score
 

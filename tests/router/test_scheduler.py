@@ -528,6 +528,20 @@ def test_one_row_finishes_at_least_cost(rate) -> None:
         assert auto <= 1.02 * min(alone, shrunk), (left, auto, alone, shrunk)
 
 
+def test_a_one_row_finish_scales_with_the_batchs_passes() -> None:
+    """A one-row plan carries its finish costs (made with the plan, off the cycle's path), at the latency
+    table's times; a batch whose passes all run twice as slow scores every candidate twice as high, at
+    every number of tokens left, so it decides alike."""
+    sched, _ = make({("a", "t"): 0.7, ("b", "t"): 0.7, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9)
+    plan = sched.plan(1, 0)
+    assert plan.finish is not None and sched.plan(4, 0).finish is None
+    twice = {m: 2.0 for m in DECODE_MS}
+    for left in (1, 2, 5, 9, 17, 60):
+        plain, slow = sched._finish_score(plan, {}, left), sched._finish_score(plan, twice, left)
+        for p in plan.predictions:
+            assert slow(p) == pytest.approx(2 * plain(p), rel=1e-9)
+
+
 def test_a_batch_is_planned_for_how_its_rows_finish() -> None:
     """Long windows overshoot a row's last tokens and spread the rows' finishing apart: the more rows and the
     fewer tokens left, the shorter the window; one row with plenty left keeps the T_eff choice."""
