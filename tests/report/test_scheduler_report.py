@@ -46,6 +46,18 @@ def test_checks_apply_the_stated_thresholds() -> None:
     assert not any(worse.values())
 
 
+def test_a_check_with_nothing_to_judge_is_not_run() -> None:
+    """Without a switching run (--switching '') the switching check is None, not a failure, and prints as
+    n/a; the same for acceptance when no pair is in use, and for the others without a plain run."""
+    checks = _checks([_run("code", 1.0, 1.5, True)], [])
+    assert checks["switching_adaptive_beats_every_static"] is None
+    assert checks["acceptance_within_0.05"] is None
+    assert checks["adaptive_within_5pct_of_best_static"] is True
+    only_switching = _checks([_run("switching:a>b", 1.02, 1.4, True)], [])
+    assert only_switching["adaptive_within_5pct_of_best_static"] is None
+    assert only_switching["switching_adaptive_beats_every_static"] is True
+
+
 def test_checks_judge_a_run_by_its_runoff_where_it_has_one() -> None:
     lucky_screening = _run("code", 0.90, 0.96, False)     # fails on the screening's figures ...
     lucky_screening["runoff"] = {"adaptive_over_best_static": 0.97, "adaptive_over_target_only": 1.2,

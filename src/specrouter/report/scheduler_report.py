@@ -471,22 +471,25 @@ def _acceptance(pairs: dict[tuple[str, str, str], list[float]]) -> list[dict]:
 
 
 def _checks(runs: list[dict], acceptance: list[dict]) -> dict:
-    """The done-when checks; a run's run-off figures, where it has one, stand for it."""
+    """The done-when checks; a run's run-off figures, where it has one, stand for it. A check with nothing
+    to judge (no switching run, say) is None: not run, neither passed nor failed."""
     def decided(r: dict, key: str):
         return (r.get("runoff") or r)[key]
+
+    def judged(items: list, ok) -> bool | None:
+        return all(ok(x) for x in items) if items else None
 
     plain = [r for r in runs if not r["kind"].startswith("switching")]
     switching = [r for r in runs if r["kind"].startswith("switching")]
     in_use = [a for a in acceptance if a["in_use"] and a["predicted"] is not None]
     return {
-        "adaptive_within_5pct_of_best_static": all(decided(r, "adaptive_over_best_static") >= 0.95 for r in plain),
-        "adaptive_within_5pct_of_held_out_best_static": all((r.get("adaptive_over_held_out_best_static") or 0) >= 0.95
-                                                            for r in plain),
-        "adaptive_at_most_3pct_slower_than_target_only": all(decided(r, "adaptive_over_target_only") >= 0.97
-                                                             for r in plain),
-        "switching_adaptive_beats_every_static": bool(switching) and all(decided(r, "adaptive_beats_every_static")
-                                                                         for r in switching),
-        "acceptance_within_0.05": all(abs(a["predicted"] - a["realized"]) <= 0.05 for a in in_use),
+        "adaptive_within_5pct_of_best_static": judged(plain, lambda r: decided(r, "adaptive_over_best_static") >= 0.95),
+        "adaptive_within_5pct_of_held_out_best_static": judged(
+            plain, lambda r: (r.get("adaptive_over_held_out_best_static") or 0) >= 0.95),
+        "adaptive_at_most_3pct_slower_than_target_only": judged(
+            plain, lambda r: decided(r, "adaptive_over_target_only") >= 0.97),
+        "switching_adaptive_beats_every_static": judged(switching, lambda r: decided(r, "adaptive_beats_every_static")),
+        "acceptance_within_0.05": judged(in_use, lambda a: abs(a["predicted"] - a["realized"]) <= 0.05),
     }
 
 
@@ -545,7 +548,7 @@ def format_report(report: dict) -> str:
     if rc["mean"] is not None:
         lines.append(f"rank correlation: mean {rc['mean']:.3f}, min {rc['min']:.3f}")
     for name, ok in report["checks"].items():
-        lines.append(f"{'PASS' if ok else 'FAIL'}  {name}")
+        lines.append(f"{'n/a ' if ok is None else 'PASS' if ok else 'FAIL'}  {name}")
     return "\n".join(lines)
 
 
