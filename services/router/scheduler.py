@@ -277,14 +277,13 @@ class Finish:
 
     rate: float
     excess: dict[int, list[float]]
-    reach: int
 
     @classmethod
     def of(cls, predictions: Sequence[Prediction], horizon: int, reach: int) -> Finish:
         rate = min(p.t_eff_ns for p in predictions)
         best = best_finish(predictions, [p.cost_ns for p in predictions], horizon)
         table = finish_excess(predictions, best, rate, reach).tolist()
-        return cls(rate, {id(p): row for p, row in zip(predictions, table)}, reach)
+        return cls(rate, {id(p): row for p, row in zip(predictions, table)})
 
 
 @dataclass
