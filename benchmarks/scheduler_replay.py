@@ -1,8 +1,9 @@
 """The adaptive scheduler replayed on the demo pool's greedy acceptance: deterministic, in seconds.
 
     python -m benchmarks.scheduler_replay traces [--pool DIR] [--per-kind 8] [--new-tokens 48] --out FILE
-    python -m benchmarks.scheduler_replay run --traces FILE [--passes 3] [--pass-ms MODEL=MS,...]
-                                              [--call-ms 8.7] [--scheduler JSON]
+    python -m benchmarks.scheduler_replay run --traces FILE [--passes 3] [--batch-size 1] [--requests 8]
+                                              [--pass-ms MODEL=MS,...] [--call-ms 8.7]
+                                              [--growth MODEL=FRACTION,...] [--scheduler JSON]
 
 `scheduler-report` measures the scheduler on a live cluster, where one configuration measures 5-10%
 apart from one pass to the next; a change worth 2% takes many half-hour runs to see. Under greedy
@@ -19,6 +20,10 @@ learns those costs as it would live (latency table from the warm-up profile, cal
 cycles), so its predicted cost is the charged one and what the replay measures is its acceptance side:
 estimates, shifts, hysteresis, the tail factor and exploration. Chains of three models are not
 replayed (the middle model's verification is not in the traces), so candidates are two-level.
+
+With `--batch-size B` the requests go in waves of B, batched from the first cycle until the last row has
+its tokens (a row leaves when it has them, as in the report's waves); a cycle of b rows is charged each
+pass and call times 1 + g (b - 1), g per model and for the call from `--growth`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrouter.profiler import codec
@@ -51,6 +56,9 @@ DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 # (ms per token, runs 9-11); 5m: its W4 cycle over 1m's in a later run, at that run's scale
 PASS_MS = {"stdlib-1m": 1.41, "stdlib-5m": 3.4, "stdlib-29m": 3.8}
 CALL_MS = 8.7
+# what a row beyond the first adds to a pass, as a fraction of one row's: forward passes at batch 1 and 4
+# over a 200-token context, one thread; the call's is a guess (sampling and messages grow with the rows)
+GROWTH = {"stdlib-1m": 0.1, "stdlib-5m": 0.3, "stdlib-29m": 0.2, "call": 0.1}
 SNAPSHOT_S = RouterSettings.model_fields["snapshot_refresh_s"].default   # the router's poll of the profiler
 FILLER = 7            # token id of replayed emitted tokens (the scheduler reads counts, not ids)
 
@@ -122,24 +130,32 @@ class _Clock:
 class _Batch:
     """What the scheduler reads of a ChainBatch: its rows."""
 
-    def __init__(self, row: Row):
-        self.rows = {row.row_id: row}
+    def __init__(self, rows: Sequence[Row]):
+        self.rows = {row.row_id: row for row in rows}
 
 
 @dataclass(frozen=True)
 class Costs:
     pass_ms: Mapping[str, float]
     call_ms: float
+    # per model (and "call" for the call): what each row beyond the first adds, as a fraction of one row's
+    growth: Mapping[str, float] = field(default_factory=dict)
+
+    def pass_at(self, model: str, batch: int) -> float:
+        return self.pass_ms[model] * (1 + self.growth.get(model, 0.0) * (batch - 1))
+
+    def call_at(self, batch: int) -> float:
+        return self.call_ms * (1 + self.growth.get("call", 0.0) * (batch - 1))
 
     def warmup(self) -> dict[str, list[tuple[int, int, int]]]:
-        """A worker's warm-up profile: one pass costs the same at any batch size and width."""
-        return {m: [(b, k, int(ms * 1e6)) for b in (1, 2, 4, 8, 16) for k in range(1, 17)]
-                for m, ms in self.pass_ms.items()}
+        """A worker's warm-up profile: a pass costs the same at any width."""
+        return {m: [(b, k, int(self.pass_at(m, b) * 1e6)) for b in (1, 2, 4, 8, 16) for k in range(1, 17)]
+                for m in self.pass_ms}
 
-    def cycle_ms(self, chain: Sequence[str], window: int) -> float:
+    def cycle_ms(self, chain: Sequence[str], window: int, batch: int = 1) -> float:
         if len(chain) == 1:
-            return self.call_ms + self.pass_ms[chain[0]]
-        return 2 * self.call_ms + window * self.pass_ms[chain[0]] + self.pass_ms[chain[1]]
+            return self.call_at(batch) + self.pass_at(chain[0], batch)
+        return 2 * self.call_at(batch) + window * self.pass_at(chain[0], batch) + self.pass_at(chain[1], batch)
 
 
 class Replay:
@@ -165,47 +181,65 @@ class Replay:
 
     def run(self, prompt: dict, static: tuple[tuple[str, ...], int] | None = None) -> float:
         """One request of `new_tokens` at batch 1, by `auto` (static None) or a static configuration; its ms."""
-        self._rows += 1
-        ids = prompt["prompt_ids"]
-        row = Row(f"r{self._rows}", list(ids), len(ids), SamplingParams(), self.traces["new_tokens"])
-        row.seen = {m: len(ids) - 1 for m in self.traces["models"]}
-        row.spec = {m: [] for m in self.traces["models"]}
-        row.prompt_agreement = {(a, b): (same, n) for a, b, same, n in prompt["agreement"]}
-        batch = _Batch(row)
+        return self.run_wave([prompt], static)
+
+    def run_wave(self, prompts: Sequence[dict], static: tuple[tuple[str, ...], int] | None = None) -> float:
+        """One request of `new_tokens` per prompt, in one batch from the first cycle to the last row's (a
+        row leaves the batch when it has its tokens), by `auto` (static None) or a static configuration;
+        the wave's ms."""
+        rows = []
+        for prompt in prompts:
+            self._rows += 1
+            ids = prompt["prompt_ids"]
+            row = Row(f"r{self._rows}", list(ids), len(ids), SamplingParams(), self.traces["new_tokens"])
+            row.seen = {m: len(ids) - 1 for m in self.traces["models"]}
+            row.spec = {m: [] for m in self.traces["models"]}
+            row.prompt_agreement = {(a, b): (same, n) for a, b, same, n in prompt["agreement"]}
+            rows.append((row, prompt))
+        batch = _Batch([row for row, _ in rows])
         total = 0.0
-        while (t := len(row.tokens) - row.prompt_len) < row.max_new_tokens:
+        while batch.rows:
             chain, window = static if static is not None else self.scheduler.choose(batch)
             decision = self.scheduler.decision_for(batch) if static is None else None
-            ms = self.costs.cycle_ms(chain, window)   # a catch-up is one wider pass: flat, like any pass here
-            accepted = min(prompt["accepted"][chain[0]][t], window) if len(chain) > 1 else 0
-            report = self._report(chain, window, row, accepted)
+            running = [(row, prompt) for row, prompt in rows if row.row_id in batch.rows]
+            # a catch-up is one wider pass: flat, like any pass here
+            ms = self.costs.cycle_ms(chain, window, len(running))
+            accepted = [min(prompt["accepted"][chain[0]][len(row.generated)], window) if len(chain) > 1 else 0
+                        for row, prompt in running]
+            report = self._report(chain, window, [row for row, _ in running], accepted)
             self.clock.now += ms / 1e3
-            measured = cycle_measurements(report, [row])   # what the router sends the profiler
+            measured = cycle_measurements(report, [row for row, _ in running])   # what the router sends the profiler
             self.metrics.report([Update.of(s) for s in codec.samples_from_pb(measured)])
-            self.scheduler.observe(report, [row], int(ms * 1e6), static is None, decision)
-            row.tokens += report.emitted[row.row_id]
-            for m in chain:
-                row.seen[m] = len(row.tokens) - 1
+            self.scheduler.observe(report, [row for row, _ in running], int(ms * 1e6), static is None, decision)
+            for row, _ in running:
+                row.tokens += report.emitted[row.row_id]
+                for m in chain:
+                    row.seen[m] = len(row.tokens) - 1
+                if len(row.generated) >= row.max_new_tokens:
+                    del batch.rows[row.row_id]
             total += ms
             if static is None:
                 self.picks[(tuple(chain), window if len(chain) > 1 else 0)] += 1
         return total
 
-    def _report(self, chain: Sequence[str], window: int, row: Row, accepted: int) -> CycleReport:
+    def _report(self, chain: Sequence[str], window: int, rows: Sequence[Row], accepted: Sequence[int]) -> CycleReport:
         """The cycle as the router reports it: each call its passes (at the table's cost) and the call's
-        overhead, so that the scheduler learns the replay's costs."""
+        overhead, so that the scheduler learns the replay's costs. A row emits its accepted tokens and the
+        verifier's, up to its tokens left."""
         results, call_ns = {}, {}
+        batch = len(rows)
         for level, model in enumerate(chain):
             passes = window if level == 0 and len(chain) > 1 else 1
             width = window + 1 if level > 0 else 1
-            pass_ns = int(self.costs.pass_ms[model] * 1e6)
-            results[model] = StepResult(tokens=[], rows=[], timings=[ForwardTiming(pass_ns, 1, width, width)
+            pass_ns = int(self.costs.pass_at(model, batch) * 1e6)
+            results[model] = StepResult(tokens=[], rows=[], timings=[ForwardTiming(pass_ns, batch, width, width)
                                                                     for _ in range(passes)])
-            call_ns[model] = passes * pass_ns + int(self.costs.call_ms * 1e6)
+            call_ns[model] = passes * pass_ns + int(self.costs.call_at(batch) * 1e6)
         verifier = chain[-1]
-        return CycleReport(tuple(chain), window, emitted={row.row_id: [FILLER] * (accepted + 1)},
-                           accepted={verifier: [accepted]} if len(chain) > 1 else {},
-                           proposed={verifier: [window]} if len(chain) > 1 else {},
+        emitted = {r.row_id: [FILLER] * min(a + 1, r.max_new_tokens - len(r.generated)) for r, a in zip(rows, accepted)}
+        return CycleReport(tuple(chain), window, emitted=emitted,
+                           accepted={verifier: list(accepted)} if len(chain) > 1 else {},
+                           proposed={verifier: [window] * batch} if len(chain) > 1 else {},
                            results=results, call_ns=call_ns)
 
 
@@ -218,10 +252,11 @@ def statics(traces: dict, windows: Sequence[int]) -> list[tuple[tuple[str, ...],
 def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, passes: int = 3,
                      windows: Sequence[int] = (2, 4, 6, 8), requests: int = 8,
                      acceptance_alpha: float = EmaConstants.acceptance_alpha,
-                     switching: Sequence[tuple[str, str]] = (("prose", "repetitive"),)) -> list[dict]:
-    """The report's batch-1 cells on one router: each kind, then each switching stream (A's requests, then
-    B's), each wave by `auto` then every static; ms per token per configuration over `passes`, and what the
-    best configuration per request, picked with hindsight, would have taken (`hindsight`)."""
+                     switching: Sequence[tuple[str, str]] = (("prose", "repetitive"),), batch: int = 1) -> list[dict]:
+    """The report's cells at one batch size on one router: each kind, then each switching stream (A's
+    requests, then B's), in waves of `batch` requests, each wave by `auto` then every static; ms per token
+    per configuration over `passes`, and what the best configuration per wave, picked with hindsight, would
+    have taken (`hindsight`)."""
     by_kind: dict[str, list[dict]] = {}
     for p in traces["prompts"]:
         by_kind.setdefault(p["kind"], []).append(p)
@@ -235,16 +270,17 @@ def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, pa
     for kind, prompts in cells:
         replay.picks.clear()
         ms: dict[str, float] = Counter()
+        waves = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
         for _ in range(passes):
-            for p in prompts:
-                ms["auto"] += replay.run(p)
-                each = {_label(config): replay.run(p, config) for config in configs}
+            for wave in waves:
+                ms["auto"] += replay.run_wave(wave)
+                each = {_label(config): replay.run_wave(wave, config) for config in configs}
                 ms.update(each)
                 ms["hindsight"] += min(each.values())
         tokens = passes * len(prompts) * traces["new_tokens"]
         per_token = {k: v / tokens for k, v in ms.items()}
         best = min((k for k in per_token if k not in ("auto", "hindsight")), key=per_token.get)
-        out.append({"kind": kind, "ms_per_token": per_token, "best_static": best,
+        out.append({"kind": kind, "batch_size": batch, "ms_per_token": per_token, "best_static": best,
                     "auto_speed_over_best_static": per_token[best] / per_token["auto"],
                     "hindsight_speed_over_best_static": per_token[best] / per_token["hindsight"],
                     "auto_picks": {_label(c): n for c, n in replay.picks.most_common()}})
@@ -256,7 +292,11 @@ def _label(config: tuple[tuple[str, ...], int]) -> str:
 
 
 def _pass_ms(text: str) -> dict[str, float]:
-    out = dict(PASS_MS)
+    return _per_model(text, PASS_MS)
+
+
+def _per_model(text: str, defaults: Mapping[str, float]) -> dict[str, float]:
+    out = dict(defaults)
     for item in filter(None, text.split(",")):
         name, _, ms = item.partition("=")
         out[name.strip()] = float(ms)
@@ -277,6 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--windows", default="2,4,6,8")
     r.add_argument("--pass-ms", default="", help="per model pass, e.g. stdlib-1m=1.41 (defaults: %s)" % PASS_MS)
     r.add_argument("--call-ms", type=float, default=CALL_MS)
+    r.add_argument("--batch-size", type=int, default=1, help="requests per wave, batched together")
+    r.add_argument("--requests", type=int, default=8, help="requests per kind (the traces' first)")
+    r.add_argument("--growth", default="", help="per model (and 'call'), what each row beyond the first adds "
+                   "to a pass (a call) as a fraction of one row's, e.g. stdlib-29m=0.2 (defaults: %s)" % GROWTH)
     r.add_argument("--acceptance-alpha", type=float, default=EmaConstants.acceptance_alpha)
     r.add_argument("--scheduler", default="{}", help="SchedulerSettings overrides as JSON")
     r.add_argument("--switching", default="prose>repetitive", help="switching streams, e.g. prose>code,code>prose")
@@ -288,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.out}", file=sys.stderr)
         return 0
     traces = json.loads(args.traces.read_text())
-    costs = Costs(_pass_ms(args.pass_ms), args.call_ms)
+    costs = Costs(_pass_ms(args.pass_ms), args.call_ms, _per_model(args.growth, GROWTH))
     missing = sorted(set(traces["models"]) - set(costs.pass_ms))
     if missing:
         parser.error(f"no pass cost for {missing}: give them with --pass-ms MODEL=MS")
@@ -296,7 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = replay_workloads(traces, costs, settings, args.passes, [int(w) for w in args.windows.split(",")],
                              acceptance_alpha=args.acceptance_alpha,
                              switching=[tuple(x.strip() for x in pair.split(">", 1))
-                                        for pair in args.switching.split(",") if ">" in pair])
+                                        for pair in args.switching.split(",") if ">" in pair],
+                             batch=args.batch_size, requests=args.requests)
     if args.json:
         print(json.dumps(cells, indent=1))
         return 0

@@ -45,6 +45,32 @@ def test_a_replay_charges_each_cycle_by_what_the_traces_accept() -> None:
     assert replay.run(hard, (("t",), 0)) == pytest.approx(NEW_TOKENS * COSTS.cycle_ms(("t",), 0))
 
 
+GROWING = Costs({"d": 10.0, "t": 40.0}, call_ms=80.0, growth={"d": 0.1, "t": 0.5, "call": 0.25})
+
+
+def test_a_wave_runs_at_the_batch_size_of_its_rows_left() -> None:
+    """A wave of an easy row (window 4 emits 5 tokens a cycle: 24 tokens in 5 cycles) and a hard one (1 a
+    cycle: 24 cycles) runs 5 cycles of two rows, then 19 of the hard row alone, each at its batch's cost."""
+    replay = Replay(_traces(), GROWING, SchedulerSettings())
+    easy, hard = _traces()["prompts"][0], _traces()["prompts"][-1]
+    two, one = GROWING.cycle_ms(("d", "t"), 4, 2), GROWING.cycle_ms(("d", "t"), 4, 1)
+    assert two > one
+    assert replay.run_wave([easy, hard], (("d", "t"), 4)) == pytest.approx(5 * two + 19 * one)
+    assert replay.run_wave([easy, easy], (("d", "t"), 4)) == pytest.approx(5 * two)
+
+
+def test_the_scheduler_learns_what_a_row_adds_to_a_cycle() -> None:
+    replay = Replay(_traces(), GROWING, SchedulerSettings(explore_after_s=1e9))
+    prompts = _traces()["prompts"]
+    for wave in (prompts[:2], prompts[2:4]):
+        replay.run_wave(wave)
+    replay.clock.now += 1.0
+    plan = replay.scheduler.plan(2, 0)
+    for chain, window in ((("d", "t"), 3), (("d", "t"), 8), (("t",), 0)):
+        predicted = plan.by_key[(chain, window)].cost_ns / 1e6
+        assert predicted == pytest.approx(GROWING.cycle_ms(chain, window, 2), rel=1e-6)
+
+
 def test_auto_finds_the_long_window_on_easy_text_and_the_target_on_hard() -> None:
     cells = replay_workloads(_traces(), COSTS, SchedulerSettings(), passes=2, windows=(2, 4, 8))
     by_kind = {c["kind"]: c for c in cells}
