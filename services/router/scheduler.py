@@ -73,7 +73,8 @@ batch's candidates have each level scaled by its model's ratio at the batch's co
 `context_min_cycles` cycles measured it; within `context_scale_range`).
 
 The router's own costs (one round trip per level, its work between calls) are measured here from each
-cycle's wall times, as EMAs with `overhead_alpha`, and added to every prediction.
+cycle's wall times, as EMAs with `overhead_alpha` per batch size (a call's work beyond its passes grows
+with its rows), and added to every prediction.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from specrouter.pool.similarity import PairSimilarity
-from specrouter.profiler.metrics import EmaConstants
+from specrouter.profiler.metrics import EmaConstants, bucket
 from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, best_finish, finish_excess, predict, tail_factor
 from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, RecentReports, latency_table
@@ -344,7 +345,8 @@ class Scheduler:
         self._prompt_ref: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self._acceptance_alpha))
         self._prompt_recent: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self.settings.prompt_recent_alpha))
         alpha = self.settings.overhead_alpha
-        self._call_overhead: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(alpha))
+        # (model, batch bucket, passes) -> the call's wall time beyond its passes
+        self._call_overhead: dict[tuple[str, int, int], _Ema] = defaultdict(lambda: _Ema(alpha))
         self._cycle_overhead: dict[int, _Ema] = defaultdict(lambda: _Ema(alpha))
         self._context_scale: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(self.settings.context_alpha))
         self.lock = threading.RLock()   # plans made inline (under the lock) read the overheads too
@@ -369,6 +371,22 @@ class Scheduler:
                 return known.get()
             near = [(abs(b - batch_size), e.get()) for b, e in self._cycle_overhead.items() if e.weight > 0]
         return min(near)[1] if near else 0.0
+
+    def _call_overheads_at(self, batch_size: int) -> dict[tuple[str, int], float]:
+        """Per (model, passes), the call overheads measured at the batch size's bucket; for a model with
+        none there, those of the nearest batch size it was measured at (on a log scale). A call's work
+        beyond its passes (messages, sampling, the worker's bookkeeping) grows with its rows, and a wave's
+        batch shrinks as rows finish: one EMA over every size priced a full batch at its tail's rows."""
+        b = bucket(batch_size)
+        sizes: dict[str, dict[int, dict[int, float]]] = defaultdict(dict)
+        for (model, size, passes), e in self._call_overhead.items():
+            if e.weight > 0:
+                sizes[model].setdefault(size, {})[passes] = e.get()
+        known = {}
+        for model, by_size in sizes.items():
+            near = min(by_size, key=lambda size: (abs(math.log(size / b)), size))
+            known.update({(model, passes): value for passes, value in by_size[near].items()})
+        return known
 
     # -- plans --------------------------------------------------------------------------------------
 
@@ -414,8 +432,6 @@ class Scheduler:
     @staticmethod
     def composition(greedy_rows: int, sampling_rows: int) -> tuple[int, int]:
         """Batch compositions planned alike: the profiler's buckets (exact up to 16, then powers of two)."""
-        from specrouter.profiler.metrics import bucket
-
         return (bucket(greedy_rows) if greedy_rows else 0), (bucket(sampling_rows) if sampling_rows else 0)
 
     def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
@@ -457,7 +473,7 @@ class Scheduler:
         step = s.batch_odds_step
         cycle_overhead = self.cycle_overhead(batch)
         with self.lock:   # a copy: cycles add to the EMAs while this plan is made
-            known = {key: e.get() for key, e in self._call_overhead.items() if e.weight > 0}
+            known = self._call_overheads_at(batch)
         overhead = functools.partial(call_overhead, known)
         predictions = []
         for chain in self.chains:
@@ -796,7 +812,8 @@ class Scheduler:
                 wall = report.call_ns.get(model, 0)
                 calls += wall
                 if wall:
-                    self._call_overhead[(model, len(result.timings))].add(max(0, wall - result.forward_ns))
+                    self._call_overhead[(model, bucket(len(rows)), len(result.timings))].add(
+                        max(0, wall - result.forward_ns))
             batch = len(rows)
             self._cycle_overhead[batch].add(max(0, cycle_ns - calls))
             self.cycle_ns.add(cycle_ns)

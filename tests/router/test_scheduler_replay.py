@@ -71,6 +71,21 @@ def test_the_scheduler_learns_what_a_row_adds_to_a_cycle() -> None:
         assert predicted == pytest.approx(GROWING.cycle_ms(chain, window, 2), rel=1e-6)
 
 
+def test_call_overheads_are_learned_per_batch_size() -> None:
+    """Waves whose rows finish apart run cycles of two rows, then of one: each batch size is planned at
+    its own call cost (one overhead for every size priced both at whichever ran last)."""
+    replay = Replay(_traces(), GROWING, SchedulerSettings(explore_after_s=1e9))
+    easy, hard = _traces()["prompts"][0], _traces()["prompts"][-1]
+    for _ in range(2):
+        replay.run_wave([easy, hard], (("d", "t"), 4))   # 5 cycles of two rows, then 19 of one
+    replay.clock.now += 1.0
+    for batch in (1, 2):
+        plan = replay.scheduler.plan(batch, 0)
+        for chain, window in ((("d", "t"), 3), (("d", "t"), 8), (("t",), 0)):
+            predicted = plan.by_key[(chain, window)].cost_ns / 1e6
+            assert predicted == pytest.approx(GROWING.cycle_ms(chain, window, batch), rel=1e-6)
+
+
 def test_auto_finds_the_long_window_on_easy_text_and_the_target_on_hard() -> None:
     cells = replay_workloads(_traces(), COSTS, SchedulerSettings(), passes=2, windows=(2, 4, 8))
     by_kind = {c["kind"]: c for c in cells}
