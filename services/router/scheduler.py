@@ -225,6 +225,11 @@ def _row_tokens_left(row: Row) -> int:
     return row.max_new_tokens - (len(row.tokens) - row.prompt_len)
 
 
+def _power_of_two(n: int) -> int:
+    """n rounded up to a power of two."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def context_bucket(rows: Sequence[Row]) -> int:
     """The batch's longest row (prompt and generated tokens), rounded up to a power of two."""
     longest = max((len(r.tokens) for r in rows), default=1)
@@ -345,7 +350,7 @@ class Scheduler:
         self._prompt_ref: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self._acceptance_alpha))
         self._prompt_recent: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self.settings.prompt_recent_alpha))
         alpha = self.settings.overhead_alpha
-        # (model, batch bucket, passes) -> the call's wall time beyond its passes
+        # (model, batch size rounded up to a power of two, passes) -> the call's wall time beyond its passes
         self._call_overhead: dict[tuple[str, int, int], _Ema] = defaultdict(lambda: _Ema(alpha))
         self._cycle_overhead: dict[int, _Ema] = defaultdict(lambda: _Ema(alpha))
         self._context_scale: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(self.settings.context_alpha))
@@ -373,11 +378,12 @@ class Scheduler:
         return min(near)[1] if near else 0.0
 
     def _call_overheads_at(self, batch_size: int) -> dict[tuple[str, int], float]:
-        """Per (model, passes), the call overheads measured at the batch size's bucket; for a model with
-        none there, those of the nearest batch size it was measured at (on a log scale). A call's work
+        """Per (model, passes), the call overheads measured at the batch size (rounded up to a power of
+        two: a wave's tail passes through every size below the full one, each seen a few times); for a
+        model with none there, those of the nearest size it was measured at (on a log scale). A call's work
         beyond its passes (messages, sampling, the worker's bookkeeping) grows with its rows, and a wave's
         batch shrinks as rows finish: one EMA over every size priced a full batch at its tail's rows."""
-        b = bucket(batch_size)
+        b = _power_of_two(batch_size)
         sizes: dict[str, dict[int, dict[int, float]]] = defaultdict(dict)
         for (model, size, passes), e in self._call_overhead.items():
             if e.weight > 0:
@@ -812,7 +818,7 @@ class Scheduler:
                 wall = report.call_ns.get(model, 0)
                 calls += wall
                 if wall:
-                    self._call_overhead[(model, bucket(len(rows)), len(result.timings))].add(
+                    self._call_overhead[(model, _power_of_two(len(rows)), len(result.timings))].add(
                         max(0, wall - result.forward_ns))
             batch = len(rows)
             self._cycle_overhead[batch].add(max(0, cycle_ns - calls))
