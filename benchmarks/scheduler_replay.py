@@ -202,16 +202,17 @@ class Replay:
             chain, window = static if static is not None else self.scheduler.choose(batch)
             decision = self.scheduler.decision_for(batch) if static is None else None
             running = [(row, prompt) for row, prompt in rows if row.row_id in batch.rows]
+            live = [row for row, _ in running]
             # a catch-up is one wider pass: flat, like any pass here
             ms = self.costs.cycle_ms(chain, window, len(running))
             accepted = [min(prompt["accepted"][chain[0]][len(row.generated)], window) if len(chain) > 1 else 0
                         for row, prompt in running]
-            report = self._report(chain, window, [row for row, _ in running], accepted)
+            report = self._report(chain, window, live, accepted)
             self.clock.now += ms / 1e3
-            measured = cycle_measurements(report, [row for row, _ in running])   # what the router sends the profiler
+            measured = cycle_measurements(report, live)   # what the router sends the profiler
             self.metrics.report([Update.of(s) for s in codec.samples_from_pb(measured)])
-            self.scheduler.observe(report, [row for row, _ in running], int(ms * 1e6), static is None, decision)
-            for row, _ in running:
+            self.scheduler.observe(report, live, int(ms * 1e6), static is None, decision)
+            for row in live:
                 row.tokens += report.emitted[row.row_id]
                 for m in chain:
                     row.seen[m] = len(row.tokens) - 1
