@@ -232,8 +232,7 @@ def _power_of_two(n: int) -> int:
 
 def context_bucket(rows: Sequence[Row]) -> int:
     """The batch's longest row (prompt and generated tokens), rounded up to a power of two."""
-    longest = max((len(r.tokens) for r in rows), default=1)
-    return 1 << max(0, longest - 1).bit_length()
+    return _power_of_two(max((len(r.tokens) for r in rows), default=1))
 
 
 Score = Callable[[Prediction], float]

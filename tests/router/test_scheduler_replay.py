@@ -65,10 +65,7 @@ def test_the_scheduler_learns_what_a_row_adds_to_a_cycle() -> None:
     for wave in (prompts[:2], prompts[2:4]):
         replay.run_wave(wave)
     replay.clock.now += 1.0
-    plan = replay.scheduler.plan(2, 0)
-    for chain, window in ((("d", "t"), 3), (("d", "t"), 8), (("t",), 0)):
-        predicted = plan.by_key[(chain, window)].cost_ns / 1e6
-        assert predicted == pytest.approx(GROWING.cycle_ms(chain, window, 2), rel=1e-6)
+    _assert_planned_at_charged_costs(replay, 2)
 
 
 def test_call_overheads_are_learned_per_batch_size() -> None:
@@ -80,10 +77,14 @@ def test_call_overheads_are_learned_per_batch_size() -> None:
         replay.run_wave([easy, hard], (("d", "t"), 4))   # 5 cycles of two rows, then 19 of one
     replay.clock.now += 1.0
     for batch in (1, 2):
-        plan = replay.scheduler.plan(batch, 0)
-        for chain, window in ((("d", "t"), 3), (("d", "t"), 8), (("t",), 0)):
-            predicted = plan.by_key[(chain, window)].cost_ns / 1e6
-            assert predicted == pytest.approx(GROWING.cycle_ms(chain, window, batch), rel=1e-6)
+        _assert_planned_at_charged_costs(replay, batch)
+
+
+def _assert_planned_at_charged_costs(replay: Replay, batch: int) -> None:
+    plan = replay.scheduler.plan(batch, 0)
+    for chain, window in ((("d", "t"), 3), (("d", "t"), 8), (("t",), 0)):
+        predicted = plan.by_key[(chain, window)].cost_ns / 1e6
+        assert predicted == pytest.approx(GROWING.cycle_ms(chain, window, batch), rel=1e-6)
 
 
 def test_auto_finds_the_long_window_on_easy_text_and_the_target_on_hard() -> None:
