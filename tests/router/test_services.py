@@ -367,6 +367,10 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
         chosen = run["adaptive"]["per_config"]   # every cycle of adaptive, by what it chose
         assert sum(c["cycles"] for c in chosen.values()) == run["adaptive"]["cycles"] > 0
         assert all(c["predicted_emitted"] >= 1 and c["measured_cycle_ms"] > 0 for c in chosen.values())
+        chosen = runoff["adaptive_per_config"]   # the same for adaptive's run-off cycles
+        assert chosen and all(c["cycles"] > 0 and c["measured_cycle_ms"] > 0 for c in chosen.values())
+        assert set(runoff["planning_ms_per_s"]) == {"adaptive", "stdlib-29m", f"{','.join(screened['chain'])} W2"}
+        assert all(v >= 0 for v in runoff["planning_ms_per_s"].values())
     assert report["acceptance"] and all({"pair", "predicted", "realized"} <= set(a) for a in report["acceptance"])
     assert set(report["checks"]) >= {"adaptive_within_5pct_of_best_static", "acceptance_within_0.05"}
     assert "%]" in out.stderr or "min left" in out.stderr   # progress, one line per run

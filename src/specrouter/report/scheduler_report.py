@@ -105,6 +105,7 @@ class Measured:
     pairs: dict[tuple[str, str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 4))
     # adaptive, per (chain, window) it chose: [cycles, cycle ms, emitted, predicted cycle ms, predicted emitted]
     per_config: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 5))
+    planning_ms: float = 0.0    # the router's planner (and inline plans) while this configuration ran
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -183,6 +184,7 @@ class SchedulerReport:
         into.tokens += tokens
         into.seconds += seconds
         into.waves.append((tokens, seconds))
+        into.planning_ms += after.planning_ms - before.planning_ms
         for r in results:
             for chain, n in r.stats.chain_counts.items():
                 into.chain_counts[chain] += n
@@ -287,6 +289,11 @@ class SchedulerReport:
                 "adaptive_tokens_per_s_runs": measured[adaptive].tokens_per_s,
                 "adaptive_measured_t_eff_ms": t_eff[adaptive],
                 "adaptive_outside_cycles_ms_per_token": outside[adaptive],
+                "adaptive_per_config": _per_config(measured[adaptive]),
+                # CPU the router spent planning per second of each configuration's runs: the planner shares
+                # the machine with the workers, so what it spends slows adaptive's cycles
+                "planning_ms_per_s": {c.label(): m.planning_ms / sum(x for _, x in m.waves)
+                                      for c, m in measured.items()},
                 "static": statics, "best_static": {k: best[k] for k in ("chain", "window", "tokens_per_s")},
                 "adaptive_over_best_static": rate[adaptive] / best["tokens_per_s"],
                 "adaptive_over_target_only": rate[adaptive] / rate[target_only],
@@ -341,12 +348,7 @@ class SchedulerReport:
                          "chain_counts": dict(sorted(adaptive.chain_counts.items(), key=lambda kv: -kv[1])),
                          "cycles_per_config": {label: int(v[0]) for label, v in
                                                sorted(adaptive.per_config.items(), key=lambda kv: -kv[1][0])},
-                         # per choice: predicted beside measured, over the cycles it was chosen (a choice
-                         # predicted faster than it measures is the optimism of picking the least of noisy estimates)
-                         "per_config": {label: {"cycles": int(n),
-                                                "predicted_cycle_ms": pc / n, "measured_cycle_ms": c / n,
-                                                "predicted_emitted": pe / n, "measured_emitted": e / n}
-                                        for label, (n, c, e, pc, pe) in adaptive.per_config.items()}},
+                         "per_config": _per_config(adaptive)},
             "rank_correlation": spearman([x["predicted_t_eff_ms"] for x in ranked],
                                          [x["measured_t_eff_ms"] for x in ranked]) if len(ranked) > 2 else None,
             "static": statics,
@@ -439,6 +441,14 @@ def _t_eff(m: Measured) -> float | None:
     return m.cycle_ms / m.emitted if m.emitted else None
 
 
+def _per_config(m: Measured) -> dict[str, dict]:
+    """Adaptive's choices: per (chain, window), predicted beside measured over the cycles it was chosen (a
+    choice predicted faster than it measures is the optimism of picking the least of noisy estimates)."""
+    return {label: {"cycles": int(n), "predicted_cycle_ms": pc / n, "measured_cycle_ms": c / n,
+                    "predicted_emitted": pe / n, "measured_emitted": e / n}
+            for label, (n, c, e, pc, pe) in sorted(m.per_config.items(), key=lambda kv: -kv[1][0])}
+
+
 def _outside_ms(m: Measured, batch: int) -> float | None:
     """Client milliseconds per token not spent in the router's cycles: the client's time over its
     tokens, less the cycles' time over the tokens they emitted (per row; a wave's B rows in flight share
@@ -518,13 +528,16 @@ def format_report(report: dict) -> str:
                              f"best static {_ms(best_ro['measured_t_eff_ms'])}; outside them (prefill, admission, waits): "
                              f"{_ms(ro['adaptive_outside_cycles_ms_per_token'])} and "
                              f"{_ms(best_ro['outside_cycles_ms_per_token'])} per token")
+            planning = ro.get("planning_ms_per_s", {})
+            if planning:
+                others = [v for k, v in planning.items() if k != "adaptive"]
+                lines.append(f"    planning: {planning.get('adaptive', 0):.1f} ms per second of adaptive's runs, "
+                             f"{max(others, default=0):.1f} at most in the others'")
+            _print_choices(lines, "    adaptive chose in the run-off", ro.get("adaptive_per_config", {}))
         if r["adaptive_over_held_out_best_static"] is not None:
             lines.append(f"  held-out best static {r['held_out_best_static_tokens_per_s']:8.1f} tok/s (picked on the other "
                          f"waves): adaptive = {r['adaptive_over_held_out_best_static']:.3f} x")
-        lines.append("  adaptive chose (cycles: cycle ms and tokens emitted, predicted -> measured):")
-        for label, c in sorted(a.get("per_config", {}).items(), key=lambda kv: -kv[1]["cycles"]):
-            lines.append(f"    {label:<40} {c['cycles']:4d}: {c['predicted_cycle_ms']:6.1f} -> {c['measured_cycle_ms']:6.1f} ms, "
-                         f"{c['predicted_emitted']:.2f} -> {c['measured_emitted']:.2f}")
+        _print_choices(lines, "  adaptive chose", a.get("per_config", {}))
         rho = r["rank_correlation"]
         lines.append(f"  rank correlation (predicted vs measured T_eff, {len(r['static'])} static): "
                      f"{'n/a' if rho is None else f'{rho:.3f}'}")
@@ -550,6 +563,14 @@ def format_report(report: dict) -> str:
     for name, ok in report["checks"].items():
         lines.append(f"{'n/a ' if ok is None else 'PASS' if ok else 'FAIL'}  {name}")
     return "\n".join(lines)
+
+
+def _print_choices(lines: list[str], title: str, per_config: dict[str, dict]) -> None:
+    lines.append(f"{title} (cycles: cycle ms and tokens emitted, predicted -> measured):")
+    indent = " " * (len(title) - len(title.lstrip()) + 2)
+    for label, c in sorted(per_config.items(), key=lambda kv: -kv[1]["cycles"]):
+        lines.append(f"{indent}{label:<40} {c['cycles']:4d}: {c['predicted_cycle_ms']:6.1f} -> "
+                     f"{c['measured_cycle_ms']:6.1f} ms, {c['predicted_emitted']:.2f} -> {c['measured_emitted']:.2f}")
 
 
 def _ms(value: float | None) -> str:
