@@ -67,10 +67,16 @@ kept against the plan with this shift, so it corrects what the prompt got wrong.
 Forward times depend on more than the batch size and tokens per row the profiler keys them by: a
 pass over long contexts (a prompt of literal tables) costs the target twice what a short one does, and
 the profiler's figures are averages over whatever ran lately. So the scheduler keeps, per model and
-context length (the batch's longest row, in powers of two), the EMA (`context_alpha`, one sample per
-cycle) of its passes' measured time over what the latency table in use predicted for them, and a
-batch's candidates have each level scaled by its model's ratio at the batch's context length (once
-`context_min_cycles` cycles measured it; within `context_scale_range`).
+context length (the batch's longest row, in powers of two), the ratio of its passes' measured time to
+what the latency table in use predicted for them, and a batch's candidates have each level scaled by its
+model's ratio at the batch's context length (once `context_min_cycles` cycles measured it; within
+`context_scale_range`). The target runs in every cycle: its ratio is an EMA (`context_alpha`, one
+sample per cycle), and it carries what every model shares (the context, a machine that slows down).
+Every other model's ratio is the target's times an EMA of its own over the target's in the cycles it
+ran, which fades back towards 1 (`context_fade_alpha` per cycle) in the cycles it sits out. A model
+measured slow once (the first passes of a fresh cluster run at twice the table's times) would otherwise
+keep that ratio for as long as it stays out, and it stays out because of it; a model never measured at
+a context length is priced like the target there, not at the table's times.
 
 The router's own costs (one round trip per level, its work between calls) are measured here from each
 cycle's wall times, as EMAs with `overhead_alpha` per batch size (a call's work beyond its passes grows
@@ -139,6 +145,8 @@ class SchedulerSettings(BaseModel):
     context_alpha: float = 0.1          # EMA constant of forward times over the latency table's, per context length
     context_min_cycles: int = 5         # ... used once this many cycles measured it
     context_scale_range: tuple[float, float] = (0.5, 2.5)   # ... and kept within this range
+    context_fade_alpha: float = 0.05    # a model's ratio over the target's fades towards 1 by this per cycle
+                                        # it sits out
 
 
 def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> list[tuple[str, ...]]:
@@ -258,6 +266,11 @@ class _Ema:
         self.weight = (1 - self.alpha) * self.weight + self.alpha
         self.count += 1
 
+    def fade(self, towards: float, rate: float) -> None:
+        """Moves the estimate `rate` of the way to `towards` (no sample, so the count stays)."""
+        if self.weight > 0:
+            self.value = (self.get() + rate * (towards - self.get())) * self.weight
+
     def get(self, default: float = 0.0) -> float:
         return self.value / self.weight if self.weight > 0 else default
 
@@ -352,6 +365,7 @@ class Scheduler:
         # (model, batch size rounded up to a power of two, passes) -> the call's wall time beyond its passes
         self._call_overhead: dict[tuple[str, int, int], _Ema] = defaultdict(lambda: _Ema(alpha))
         self._cycle_overhead: dict[int, _Ema] = defaultdict(lambda: _Ema(alpha))
+        # (model, context bucket) -> the target's passes over the table's; every other model's over the target's
         self._context_scale: dict[tuple[str, int], _Ema] = defaultdict(lambda: _Ema(self.settings.context_alpha))
         self.lock = threading.RLock()   # plans made inline (under the lock) read the overheads too
         self.decision_ns = _Ema(0.01)
@@ -620,14 +634,19 @@ class Scheduler:
                 self._prompt_recent[pair].add(hit[0] / hit[1])
 
     def _latency_scales(self, rows: Sequence[Row]) -> dict[str, float]:
-        """Per model, its passes over the latency table's at the batch's context length, where measured."""
+        """Per model, its passes over the latency table's at the batch's context length: the target's as
+        measured, another model's the target's times its own over the target's (1 until measured)."""
         context = context_bucket(rows)
-        low, high = self.settings.context_scale_range
+        s = self.settings
+        target = self._context_scale.get((self.target, context))
+        if target is None or target.count < s.context_min_cycles:
+            return {}
+        low, high = s.context_scale_range
         scales = {}
         for model in self.models:
-            known = self._context_scale.get((model, context))
-            if known is not None and known.count >= self.settings.context_min_cycles:
-                scales[model] = min(high, max(low, known.get()))
+            own = self._context_scale.get((model, context)) if model != self.target else None
+            relative = own.get() if own is not None and own.count >= s.context_min_cycles else 1.0
+            scales[model] = min(high, max(low, target.get() * relative))
         return scales
 
     def _score(self, rows: Sequence[Row], scales: Mapping[str, float], solo: Plan | None) -> Score:
@@ -795,15 +814,26 @@ class Scheduler:
         if table is None or not rows:
             return
         context = context_bucket(rows)
+        ratios = {}
         for model, result in report.results.items():
             measured = predicted = 0.0
             for t in result.timings:
                 if t.forward_ns > 0 and model in table.models():
                     measured += t.forward_ns
                     predicted += table(model, t.batch_size, t.tokens_per_row)
-            if measured <= 0 or predicted <= 0:
+            if measured > 0 and predicted > 0:
+                ratios[model] = measured / predicted
+        target = ratios.get(self.target)
+        if target is None:
+            return
+        self._context_scale[(self.target, context)].add(target)
+        for model in self.models:
+            if model == self.target:
                 continue
-            self._context_scale[(model, context)].add(measured / predicted)
+            if model in ratios:
+                self._context_scale[(model, context)].add(ratios[model] / target)
+            elif (model, context) in self._context_scale:
+                self._context_scale[(model, context)].fade(1.0, self.settings.context_fade_alpha)
 
     def observe(self, report: CycleReport, rows: Sequence[Row], cycle_ns: int, auto: bool,
                 decision: Decision | None = None) -> None:

@@ -626,6 +626,46 @@ def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> No
     assert p == raw
 
 
+def test_a_model_that_sits_out_is_priced_by_the_target_and_its_own_ratio_fades() -> None:
+    """The first passes of a fresh cluster ran at twice the table's times. A drafter measured then and
+    left out since must not keep that price (it would stay out because of it): its ratio over the target's
+    fades towards 1 in the cycles it sits out, while the target's own ratio follows what it measures. A
+    model never measured at a context length is priced like the target there."""
+    from specrouter.router.chain import CycleReport
+    from specrouter.worker.engine import StepResult
+    from specrouter.worker.forward import ForwardTiming
+
+    fade = 0.05
+    sched, _ = make({("a", "t"): 0.6, ("b", "t"): 0.5, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9,
+                    context_min_cycles=3, context_alpha=0.5, context_fade_alpha=fade)
+    batch = FakeBatch(4)
+    sched.choose(batch)
+    table = sched._inputs[2]
+    rows = list(batch.rows.values())
+
+    def cycle(ratios: dict[str, float]) -> None:
+        chain = tuple(ratios)
+        timings = {m: [ForwardTiming(int(r * table(m, 4, 2)), 4, 2, 4)] for m, r in ratios.items()}
+        report = CycleReport(chain, 1, emitted={r.row_id: [5] for r in rows}, accepted={"t": [1] * 4},
+                             proposed={"t": [1] * 4}, results={m: StepResult([], [], timings=t) for m, t in timings.items()})
+        sched.observe(report, rows, 100_000_000, True)
+
+    for _ in range(3):
+        cycle({"a": 2.0, "t": 2.0})             # a fresh cluster: everything twice the table
+    assert sched._latency_scales(rows) == pytest.approx({"a": 2.0, "b": 2.0, "t": 2.0})   # b, unmeasured: as t
+    for _ in range(3):
+        cycle({"a": 1.5, "t": 0.75})            # a measured at twice the target's ratio
+    scales = sched._latency_scales(rows)
+    relative = scales["a"] / scales["t"]
+    assert scales["a"] < 2.5 and 1.5 < relative < 2.0 and scales["b"] == pytest.approx(scales["t"])
+    n = 20
+    for _ in range(n):
+        cycle({"t": 1.0})                       # the target alone, at the table's times
+    t = 1.0 + (scales["t"] - 1.0) * 0.5 ** n    # the target's EMA (alpha 0.5) follows it
+    assert sched._latency_scales(rows) == pytest.approx(
+        {"t": t, "b": t, "a": t * (1 + (relative - 1) * (1 - fade) ** n)}, rel=1e-6)
+
+
 def _planned_after_record(rate: float, record: list[float]):
     """A two-row batch on (a, t) with every pair at `rate`, whose rows then carry `record`: the shifted
     plan's key, that plan, and the unshifted one."""
