@@ -425,12 +425,18 @@ class Scheduler:
                 log.exception("the scheduler's planner failed; it tries again in %.2f s", self.settings.recompute_s)
 
     def _refresh_plans(self) -> None:
+        """Remakes the stale plans that a decision asked for since they were made. A plan nobody asked for
+        since is left as it is until one does (it serves that decision, and is remade by the next round):
+        the compositions a wave's tail passes through are asked for once or twice a wave, and remaking every
+        one of them every round takes CPU time from the workers on a small machine."""
         now = self._clock()
         for key, used_at in list(self._wanted.items()):
             if now - used_at > 10 * self.settings.recompute_s + 5:
                 self._wanted.pop(key, None)
                 continue
             plan = self._plans.get(key)
+            if plan is not None and used_at <= plan.made_at:
+                continue
             if plan is None or self._stale(plan):
                 fresh = self._make_plan(*key, pause=True)
                 with self.lock:

@@ -359,6 +359,27 @@ def test_plans_are_refreshed_inline_when_the_planner_has_stopped() -> None:
     assert sched.choose(FakeBatch(1)) == (("t",), 0)
 
 
+def test_the_planner_remakes_only_the_plans_asked_for_since_they_were_made() -> None:
+    clock = Clock()
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    sched, holder = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=1000.0)
+    asked, idle = sched.plan(2, 0), sched.plan(3, 0)
+    sched.start()    # its first round is 1000 s away: the rounds below are called here
+    try:
+        holder["snapshot"] = snapshot({pair: 0.02 for pair in pairs})   # every plan is stale now
+        clock.now += 2000
+        assert sched.plan(2, 0) is asked          # served as it is; the next round remakes it
+        sched._refresh_plans()
+        fresh = sched.plan(2, 0)
+        assert fresh is not asked and fresh.predictions[0].chain == ("t",)
+        assert sched._plans[(3, 0, 0, 0, None)] is idle   # not asked for since it was made: left
+        assert sched.plan(3, 0) is idle
+        sched._refresh_plans()
+        assert sched.plan(3, 0) is not idle
+    finally:
+        sched.close()
+
+
 def test_the_planner_survives_a_failing_snapshot() -> None:
     clock = Clock()
     pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
