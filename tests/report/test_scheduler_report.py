@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from specrouter.report.scheduler_report import Measured, _checks, _outside_ms, _requests, held_out_best, spearman
+from specrouter.report.scheduler_report import (Measured, ReportSettings, _checks, _outside_ms, _requests, held_out_best,
+                                                spearman)
 
 
 def test_spearman_rank_correlation() -> None:
@@ -19,6 +20,14 @@ def test_spearman_rank_correlation() -> None:
 
 def test_requests_come_in_whole_waves() -> None:
     assert [_requests(8, b) for b in (1, 3, 4, 16)] == [8, 9, 8, 32]
+
+
+def test_the_runoff_takes_more_passes_where_the_batch_size_leaves_few_waves() -> None:
+    s = ReportSettings(runoff_passes=2, runoff_waves=8)
+    # 8 requests: 8 waves at batch 1, 2 at batch 4 and 16 (32 requests: two waves at least), 3 of 3
+    assert [s.runoff_passes_for(w) for w in (8, 2, 3, 1, 16)] == [2, 4, 3, 8, 2]
+    assert ReportSettings(runoff_passes=0, runoff_waves=8).runoff_passes_for(2) == 0   # no run-off
+    assert ReportSettings(runoff_passes=2, runoff_waves=0).runoff_passes_for(2) == 2   # passes as asked
 
 
 def test_held_out_best_static_is_picked_without_the_wave_it_is_measured_on() -> None:
