@@ -24,7 +24,8 @@ def test_requests_come_in_whole_waves() -> None:
 
 def test_the_runoff_takes_more_passes_where_the_batch_size_leaves_few_waves() -> None:
     s = ReportSettings(runoff_passes=2, runoff_waves=8)
-    # 8 requests: 8 waves at batch 1, 2 at batch 4 and 16 (32 requests: two waves at least), 3 of 3
+    # 8 requests are 8 waves at batch 1 and 2 at batch 4 and 16 (32 requests there: two waves at least);
+    # 3 waves take 3 passes (9 waves), 1 wave 8, and 16 waves the 2 asked for
     assert [s.runoff_passes_for(w) for w in (8, 2, 3, 1, 16)] == [2, 4, 3, 8, 2]
     assert ReportSettings(runoff_passes=0, runoff_waves=8).runoff_passes_for(2) == 0   # no run-off
     assert ReportSettings(runoff_passes=2, runoff_waves=0).runoff_passes_for(2) == 2   # passes as asked
