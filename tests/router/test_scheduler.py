@@ -513,6 +513,20 @@ def test_no_draft_is_longer_than_the_tokens_left() -> None:
     assert sched.choose(named, None, 8) == (("a", "t"), 8)
 
 
+def test_a_batch_drafts_no_longer_than_its_window_cap_unless_named() -> None:
+    """Rows of a batch differ for good, which the tail factor does not see: a batch of two rows or more
+    drafts at most `batch_max_window` tokens, even where a longer window is predicted faster; one row is
+    not capped, and a window the requests named is theirs."""
+    acceptance = {("a", "t"): 0.97, ("b", "t"): 0.97, ("a", "b"): 0.97, ("b", "a"): 0.97}
+    uncapped, _ = make(acceptance, explore_after_s=1e9, batch_max_window=8)
+    assert uncapped.choose(FakeBatch(4)) == (("a", "t"), 8)      # predicted best for 4 rows
+    sched, _ = make(acceptance, explore_after_s=1e9)
+    assert sched.settings.batch_max_window == 6
+    assert sched.choose(FakeBatch(1)) == (("a", "t"), 8)
+    assert sched.choose(FakeBatch(4)) == (("a", "t"), 6)
+    assert sched.choose(FakeBatch(4), None, 8) == (("a", "t"), 8)
+
+
 @pytest.mark.parametrize("rate", [0.6, 0.85])
 def test_one_row_finishes_at_least_cost(rate) -> None:
     """A row with a few tokens left, decided cycle by cycle: it costs no more than the target alone or
