@@ -23,7 +23,8 @@ those that name the window, the best chain at it. On top of the ranking:
   a batch of 4 ran 3% behind window 6 on tables in the replay, its cycles at 4 rows cheaper per token
   (1.48 against 1.71 ms) and its tail dearer (1.05 against 0.75). Modelling the rows' differences (each
   row's rate from its record or its progress, or their spread as a learned variance) did not help;
-  capped at 6, batches of 4 and 16 gained on every workload but prose at 16 rows (-0.2%) in the replay;
+  capped at 6, batches of 4 and 16 gained on every workload but prose at 16 rows (-0.2%) in the replay
+  (live, one report of those cells has not confirmed it: README, run 18);
 - tail: a row's last cycle emits past its tokens left (dropped), and a batch's rows finish apart, so
   that while the last ones run the batch is small and its cycles cost nearly as much as full ones. Long
   windows emit more per cycle but more unevenly, so they overshoot more and their rows spread out more;
