@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from specrouter.report.scheduler_report import (Measured, ReportSettings, _checks, _outside_ms, _requests, held_out_best,
-                                                spearman)
+from specrouter.report.scheduler_report import (Measured, ReportSettings, _by_rows, _checks, _outside_ms, _requests,
+                                                held_out_best, spearman)
 
 
 def test_spearman_rank_correlation() -> None:
@@ -91,3 +91,18 @@ def test_time_outside_the_cycles_is_the_clients_less_the_routers() -> None:
     m = Measured(waves=[(48, 0.7), (48, 0.8)], cycle_ms=1000.0, emitted=40.0)
     assert _outside_ms(m, 2) == pytest.approx(1500 / 96 - 12.5)
     assert _outside_ms(Measured(), 1) is None
+
+
+def test_cycles_are_split_by_the_rows_they_ran() -> None:
+    """A wave of 4 rows at window 6: 10 cycles of all four (700 ms, 5 tokens a row each), then 2 of the
+    last row (90 ms, 4 tokens); and 1 cycle at window 3 of one row. Longest rows first within a config."""
+    m = Measured()
+    m.by_rows[("a,b W6", 4)] = [10.0, 700.0, 50.0]
+    m.by_rows[("a,b W6", 1)] = [2.0, 90.0, 8.0]
+    m.by_rows[("a,b W3", 1)] = [1.0, 40.0, 4.0]
+    m.by_rows[("a,b W8", 2)] = [0.0, 0.0, 0.0]   # nothing ran: left out
+    assert _by_rows(m) == [
+        {"config": "a,b W3", "rows": 1, "cycles": 1, "cycle_ms": 40.0, "emitted": 4.0, "ms_per_token": 10.0},
+        {"config": "a,b W6", "rows": 4, "cycles": 10, "cycle_ms": 70.0, "emitted": 5.0, "ms_per_token": 14.0},
+        {"config": "a,b W6", "rows": 1, "cycles": 2, "cycle_ms": 45.0, "emitted": 4.0, "ms_per_token": 11.25},
+    ]

@@ -372,6 +372,13 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
         assert all(c["predicted_emitted"] >= 1 and c["measured_cycle_ms"] > 0 for c in chosen.values())
         chosen = runoff["adaptive_per_config"]   # the same for adaptive's run-off cycles
         assert chosen and all(c["cycles"] > 0 and c["measured_cycle_ms"] > 0 for c in chosen.values())
+        by_rows = runoff["adaptive_cycles_by_rows"]   # the same cycles again, split by the rows they ran
+        assert sum(c["cycles"] for c in by_rows) == sum(c["cycles"] for c in chosen.values())
+        assert {c["config"] for c in by_rows} == set(chosen)
+        assert all(1 <= c["rows"] <= run["batch_size"] for c in by_rows)
+        for x in runoff["static"]:
+            label = ",".join(x["chain"]) + (f" W{x['window']}" if len(x["chain"]) > 1 else "")
+            assert x["cycles_by_rows"] and {c["config"] for c in x["cycles_by_rows"]} == {label}
         assert set(runoff["planning_ms_per_s"]) == {"adaptive", "stdlib-29m", f"{','.join(screened['chain'])} W2"}
         assert all(v >= 0 for v in runoff["planning_ms_per_s"].values())
     assert report["acceptance"] and all({"pair", "predicted", "realized"} <= set(a) for a in report["acceptance"])

@@ -118,6 +118,8 @@ class Measured:
     # adaptive, per (chain, window) it chose: [cycles, cycle ms, emitted, predicted cycle ms, predicted emitted]
     per_config: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 5))
     planning_ms: float = 0.0    # the router's planner (and inline plans) while this configuration ran
+    # per (chain and window run, rows in the cycle): [cycles, cycle ms, emitted]; a wave's tail runs fewer rows
+    by_rows: dict[tuple[str, int], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 3))
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -222,6 +224,10 @@ class SchedulerReport:
             if ledger.batch_size == batch:
                 for i, name in enumerate(("cycles", "cycle_ms", "emitted")):
                     into.at_batch[i] += delta[name]
+            if delta["cycles"]:
+                rows = into.by_rows[(Config(chain, window).label(), ledger.batch_size)]
+                for i, name in enumerate(("cycles", "cycle_ms", "emitted")):
+                    rows[i] += delta[name]
             if config.chain is None and delta["cycles"]:
                 chosen = into.per_config[Config(chain, window).label()]
                 for i, value in enumerate(delta.values()):
@@ -295,7 +301,8 @@ class SchedulerReport:
         outside = {c: _outside_ms(m, batch) for c, m in measured.items()}
         statics = [{"chain": list(c.chain), "window": c.window, "tokens_per_s": rate[c],
                     "tokens_per_s_runs": measured[c].tokens_per_s, "screening_tokens_per_s": speed[c],
-                    "measured_t_eff_ms": t_eff[c], "outside_cycles_ms_per_token": outside[c]}
+                    "measured_t_eff_ms": t_eff[c], "outside_cycles_ms_per_token": outside[c],
+                    "cycles_by_rows": _by_rows(measured[c])}
                    for c in finalists]
         best = max(statics, key=lambda x: x["tokens_per_s"])
         return {"passes": passes, "adaptive_tokens_per_s": rate[adaptive],
@@ -303,6 +310,7 @@ class SchedulerReport:
                 "adaptive_measured_t_eff_ms": t_eff[adaptive],
                 "adaptive_outside_cycles_ms_per_token": outside[adaptive],
                 "adaptive_per_config": _per_config(measured[adaptive]),
+                "adaptive_cycles_by_rows": _by_rows(measured[adaptive]),
                 # CPU the router spent planning per second of each configuration's runs: the planner shares
                 # the machine with the workers, so what it spends slows adaptive's cycles
                 "planning_ms_per_s": {c.label(): m.planning_ms / sum(x for _, x in m.waves)
@@ -465,6 +473,15 @@ def _per_config(m: Measured) -> dict[str, dict]:
             for label, (n, c, e, pc, pe) in sorted(m.per_config.items(), key=lambda kv: -kv[1][0])}
 
 
+def _by_rows(m: Measured) -> list[dict]:
+    """The configuration's cycles per (chain and window run, rows in the cycle): how many, their mean
+    cycle, and the tokens a row emitted in them. A wave's rows finish apart, so its last cycles run fewer
+    rows; comparing two configurations' cycles at one (chain, window) means comparing them at equal rows."""
+    return [{"config": label, "rows": rows, "cycles": int(n), "cycle_ms": c / n, "emitted": e / n,
+             "ms_per_token": c / e if e else None}
+            for (label, rows), (n, c, e) in sorted(m.by_rows.items(), key=lambda kv: (kv[0][0], -kv[0][1])) if n]
+
+
 def _outside_ms(m: Measured, batch: int) -> float | None:
     """Client milliseconds per token not spent in the router's cycles: the client's time over its
     tokens, less the cycles' time over the tokens they emitted (per row; a wave's B rows in flight share
@@ -544,6 +561,12 @@ def format_report(report: dict) -> str:
                              f"best static {_ms(best_ro['measured_t_eff_ms'])}; outside them (prefill, admission, waits): "
                              f"{_ms(ro['adaptive_outside_cycles_ms_per_token'])} and "
                              f"{_ms(best_ro['outside_cycles_ms_per_token'])} per token")
+            same = _same_cycles(ro.get("adaptive_cycles_by_rows", []), best_ro.get("cycles_by_rows", []), r["batch_size"])
+            if same:
+                lines.append(f"    at the best static's own configuration and {r['batch_size']} rows: adaptive "
+                             f"{same[0]['cycle_ms']:.1f} ms a cycle, {same[0]['emitted']:.2f} tokens a row "
+                             f"({same[0]['cycles']} cycles); the static {same[1]['cycle_ms']:.1f} ms, "
+                             f"{same[1]['emitted']:.2f} ({same[1]['cycles']})")
             planning = ro.get("planning_ms_per_s", {})
             if planning:
                 others = [v for k, v in planning.items() if k != "adaptive"]
@@ -587,6 +610,15 @@ def _print_choices(lines: list[str], title: str, per_config: dict[str, dict]) ->
     for label, c in sorted(per_config.items(), key=lambda kv: -kv[1]["cycles"]):
         lines.append(f"{indent}{label:<40} {c['cycles']:4d}: {c['predicted_cycle_ms']:6.1f} -> "
                      f"{c['measured_cycle_ms']:6.1f} ms, {c['predicted_emitted']:.2f} -> {c['measured_emitted']:.2f}")
+
+
+def _same_cycles(adaptive: Sequence[dict], static: Sequence[dict], rows: int) -> tuple[dict, dict] | None:
+    """Adaptive's and a static's cycles at the static's configuration with `rows` rows, if both ran some."""
+    mine = next((c for c in static if c["rows"] == rows), None)
+    if mine is None:
+        return None
+    theirs = next((c for c in adaptive if c["rows"] == rows and c["config"] == mine["config"]), None)
+    return None if theirs is None else (theirs, mine)
 
 
 def _ms(value: float | None) -> str:
