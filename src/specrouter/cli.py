@@ -211,12 +211,12 @@ def up(
     typer.echo("stopped", err=True)
 
 
-def _int_list(text: str, name: str) -> list[int]:
+def _int_list(text: str, name: str, empty: bool = False) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         _fail("INVALID_ARGUMENT", f"--{name} takes integers separated by commas, got {text!r}")
-    if not values or min(values) < 1:
+    if (not values and not empty) or min(values, default=1) < 1:
         _fail("INVALID_ARGUMENT", f"--{name} needs at least one integer >= 1, got {text!r}")
     return values
 
@@ -225,7 +225,8 @@ def _int_list(text: str, name: str) -> list[int]:
 def scheduler_report(
     prompts: Path = typer.Option(None, help='JSON lines of {"kind": ..., "prompt": ...} (default: the held-out '
                                             "code, repetitive and prose workloads)."),
-    batch_sizes: str = typer.Option("1,4,16", help="Requests in flight at a time, comma separated."),
+    batch_sizes: str = typer.Option("1,4,16", help="Requests in flight at a time, comma separated ('' with "
+                                                   "--switching: the switching run alone)."),
     windows: str = typer.Option("1,2,3,4,5,6,7,8", help="Draft windows of the static configurations."),
     max_new_tokens: int = typer.Option(48, help="Tokens per request."),
     repeats: int = typer.Option(1, help="Measured passes over every configuration (median reported)."),
@@ -271,7 +272,7 @@ def scheduler_report(
     kinds = {p.kind for p in items}
     if pair and not set(pair) <= kinds:
         _fail("INVALID_ARGUMENT", f"--switching {switching!r} names kinds not among the prompts' {sorted(kinds)}")
-    settings = ReportSettings(batch_sizes=_int_list(batch_sizes, "batch-sizes"), windows=_int_list(windows, "windows"),
+    settings = ReportSettings(batch_sizes=_int_list(batch_sizes, "batch-sizes", empty=pair is not None), windows=_int_list(windows, "windows"),
                               max_new_tokens=max_new_tokens, repeats=repeats, requests=requests,
                               temperature=temperature, switching=pair, runoff_passes=runoff_passes,
                               runoff_top=runoff_top, runoff_waves=runoff_waves,

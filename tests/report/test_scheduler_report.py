@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 
 from specrouter.report.scheduler_report import (Measured, ReportSettings, _by_rows, _checks, _outside_ms, _requests,
-                                                held_out_best, spearman)
+                                                _waves, held_out_best, spearman)
 
 
 def test_spearman_rank_correlation() -> None:
@@ -106,3 +108,27 @@ def test_cycles_are_split_by_the_rows_they_ran() -> None:
         {"config": "a,b W6", "rows": 4, "cycles": 10, "cycle_ms": 70.0, "emitted": 5.0, "ms_per_token": 14.0},
         {"config": "a,b W6", "rows": 1, "cycles": 2, "cycle_ms": 45.0, "emitted": 4.0, "ms_per_token": 11.25},
     ]
+
+
+def test_the_cli_refuses_a_report_with_nothing_to_run() -> None:
+    """No batch sizes is the switching run alone; without a switching run either, nothing would run."""
+    run = subprocess.run([sys.executable, "-m", "specrouter.cli", "scheduler-report", "--batch-sizes", "",
+                          "--switching", ""], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "INVALID_ARGUMENT" in run.stderr and "--batch-sizes" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_adaptive_is_shown_wave_by_wave_beside_the_statics() -> None:
+    """Two passes of two waves: adaptive's tokens per second in each, the statics' in the same wave, and
+    what adaptive chose there; `wave` counts within the pass."""
+    adaptive = Measured(waves=[(96, 1.0), (48, 1.0), (96, 2.0), (48, 0.5)],
+                        wave_choices=[{"a,b W6": [10.0, 500.0, 40.0, 480.0, 45.0]}, {"b": [48.0, 960.0, 48.0, 900.0, 48.0]},
+                                      {"a,b W6": [12.0, 600.0, 48.0, 560.0, 50.0]}, {"a,b W2": [4.0, 100.0, 8.0, 96.0, 9.0]}])
+    static = Measured(waves=[(96, 1.2), (48, 0.8), (96, 1.0), (48, 1.0)])
+    waves = _waves(adaptive, [static], 2)
+    assert [w["wave"] for w in waves] == [0, 1, 0, 1]
+    assert [w["tokens_per_s"] for w in waves] == [96.0, 48.0, 48.0, 96.0]
+    assert [w["statics_tokens_per_s"] for w in waves] == [[80.0], [60.0], [96.0], [48.0]]
+    assert waves[0]["choices"] == {"a,b W6": {"cycles": 10, "predicted_cycle_ms": 48.0, "measured_cycle_ms": 50.0,
+                                              "predicted_emitted": 4.5, "measured_emitted": 4.0}}
+    assert list(waves[1]["choices"]) == ["b"] and list(waves[3]["choices"]) == ["a,b W2"]

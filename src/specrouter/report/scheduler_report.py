@@ -120,6 +120,8 @@ class Measured:
     planning_ms: float = 0.0    # the router's planner (and inline plans) while this configuration ran
     # per (chain and window run, rows in the cycle): [cycles, cycle ms, emitted]; a wave's tail runs fewer rows
     by_rows: dict[tuple[str, int], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0] * 3))
+    # adaptive, per wave run (in the order of `waves`): per (chain, window) it chose, as in `per_config`
+    wave_choices: list[dict[str, list[float]]] = field(default_factory=list)
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -202,7 +204,12 @@ class SchedulerReport:
         for r in results:
             for chain, n in r.stats.chain_counts.items():
                 into.chain_counts[chain] += n
+        chosen = {label: list(v) for label, v in into.per_config.items()}
         self._diff_ledgers(config, before, after, into, batch)
+        if config.chain is None:
+            into.wave_choices.append({label: [x - y for x, y in zip(v, chosen.get(label, [0.0] * 5))]
+                                      for label, v in into.per_config.items()
+                                      if v[0] > chosen.get(label, [0.0])[0]})
 
     def _diff_ledgers(self, config: Config, before: pb.ScheduleResponse, after: pb.ScheduleResponse,
                       into: Measured, batch: int) -> None:
@@ -311,6 +318,7 @@ class SchedulerReport:
                 "adaptive_outside_cycles_ms_per_token": outside[adaptive],
                 "adaptive_per_config": _per_config(measured[adaptive]),
                 "adaptive_cycles_by_rows": _by_rows(measured[adaptive]),
+                "adaptive_waves": _waves(measured[adaptive], [measured[c] for c in finalists[1:]], len(waves)),
                 # CPU the router spent planning per second of each configuration's runs: the planner shares
                 # the machine with the workers, so what it spends slows adaptive's cycles
                 "planning_ms_per_s": {c.label(): m.planning_ms / sum(x for _, x in m.waves)
@@ -473,6 +481,18 @@ def _per_config(m: Measured) -> dict[str, dict]:
             for label, (n, c, e, pc, pe) in sorted(m.per_config.items(), key=lambda kv: -kv[1][0])}
 
 
+def _waves(adaptive: Measured, statics: Sequence[Measured], per_pass: int) -> list[dict]:
+    """Adaptive wave by wave beside the statics' (every wave of every pass, in order: `wave` is its index
+    in the pass): where it won and lost, and what it chose there (as `_per_config`)."""
+    out = []
+    for i, ((tokens, seconds), chosen) in enumerate(zip(adaptive.waves, adaptive.wave_choices)):
+        m = Measured(per_config=defaultdict(lambda: [0.0] * 5, chosen))
+        out.append({"wave": i % per_pass, "tokens_per_s": tokens / seconds,
+                    "statics_tokens_per_s": [s.waves[i][0] / s.waves[i][1] for s in statics if len(s.waves) > i],
+                    "choices": _per_config(m)})
+    return out
+
+
 def _by_rows(m: Measured) -> list[dict]:
     """The configuration's cycles per (chain and window run, rows in the cycle): how many, their mean
     cycle, and the tokens a row emitted in them. A wave's rows finish apart, so its last cycles run fewer
@@ -567,6 +587,11 @@ def format_report(report: dict) -> str:
                              f"{same[0]['cycle_ms']:.1f} ms a cycle, {same[0]['emitted']:.2f} tokens a row "
                              f"({same[0]['cycles']} cycles); the static {same[1]['cycle_ms']:.1f} ms, "
                              f"{same[1]['emitted']:.2f} ({same[1]['cycles']})")
+            waves = [w["tokens_per_s"] / max(w["statics_tokens_per_s"]) for w in ro.get("adaptive_waves", [])
+                     if w["statics_tokens_per_s"]]
+            if waves:
+                lines.append("    wave by wave, adaptive over the fastest static in the same wave: "
+                             + " ".join(f"{x:.2f}" for x in waves))
             planning = ro.get("planning_ms_per_s", {})
             if planning:
                 others = [v for k, v in planning.items() if k != "adaptive"]
