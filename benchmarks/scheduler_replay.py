@@ -15,7 +15,7 @@ position of every prompt's continuation (and the models' prompt agreement, as th
 workloads send them (every wave run by `auto`, then by static configurations that feed the profiler
 too), and charges each cycle a fixed cost: per model pass `--pass-ms`, per call `--call-ms` (a round
 trip and the router's work; the defaults are fitted to the batch-1 cycle times of the report's statics
-on a 2-core machine: 1m,29m at window w costs 21.2 + 1.41 w ms, the target alone 12.5). The scheduler
+on a 2-core machine: 1m,29m at window w costs 29.6 + 4.24 w ms, the target alone 25.2). The scheduler
 learns those costs as it would live (latency table from the warm-up profile, call overheads from the
 cycles), so its predicted cost is the charged one and what the replay measures is its acceptance side:
 estimates, shifts, hysteresis, the tail factor and exploration. Chains of three models are not
@@ -52,10 +52,12 @@ from specrouter.worker.forward import ForwardTiming
 from specrouter.worker.sampling import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
-# 1m, 29m and the call: least squares over the batch-1 statics 1m,29m W4 and W8 on prose and tables
-# (ms per token, runs 9-11); 5m: its W4 cycle over 1m's in a later run, at that run's scale
-PASS_MS = {"stdlib-1m": 1.41, "stdlib-5m": 3.4, "stdlib-29m": 3.8}
-CALL_MS = 8.7
+# least squares over the mean cycle times of the batch-1 statics of two levels and target-only (windows
+# 2, 4, 6 and 8, code, tables, prose and the switching stream; README, run 19; 6.6 ms rms, most of it
+# the context: tables' cycles cost a quarter more than code's). Runs 9-11 had fitted 1.41, 3.4, 3.8 and
+# 8.7: the cluster's cycles have since doubled, a drafted token's share of a cycle with them.
+PASS_MS = {"stdlib-1m": 4.24, "stdlib-5m": 8.76, "stdlib-29m": 20.77}
+CALL_MS = 4.44
 # what a row beyond the first adds to a pass, as a fraction of one row's: forward passes at batch 1 and 4
 # over a 200-token context, one thread; the call's is a guess (sampling and messages grow with the rows)
 GROWTH = {"stdlib-1m": 0.1, "stdlib-5m": 0.3, "stdlib-29m": 0.2, "call": 0.1}
