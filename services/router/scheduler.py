@@ -98,6 +98,7 @@ import functools
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 import types
@@ -124,6 +125,8 @@ class SchedulerSettings(BaseModel):
     windows: list[int] = Field(default_factory=lambda: list(range(1, 9)))  # draft windows considered
     max_levels: int = 4                 # longest chain considered (the pool's permutations grow fast)
     recompute_s: float = 0.25           # a batch composition's ranking is at most this old
+    planner_nice: int = Field(10, ge=0, le=19)   # niceness of the planner thread (Linux): it plans in the
+                                        # cores' idle time, not in the workers' (0: as the router)
     hysteresis: float = 0.03            # change window only when the best is predicted this much faster
     chain_hysteresis: float = 0.10      # change chain only when the best is predicted this much faster
     switch_horizon_cycles: int = 16     # catch-up cost of a switch is spread over this many cycles at most
@@ -246,6 +249,25 @@ def _row_tokens_left(row: Row) -> int:
 def _power_of_two(n: int) -> int:
     """n rounded up to a power of two."""
     return 1 << max(0, n - 1).bit_length()
+
+
+def _lower_priority(nice: int) -> None:
+    """Raises the calling thread's niceness by `nice` (Linux schedules threads, so this is the thread's
+    own; elsewhere, or where the OS refuses, the thread runs as it was).
+
+    The planner shares the machine with the model workers: on a small one their passes use every core,
+    and a plan made meanwhile (a few ms of CPU) slows the pass it runs beside. At batch 4 and 16, where the
+    tail's compositions and the shift variants keep about eight plans a second in use, adaptive's cycles
+    cost 2-3% more than a static's at the same configuration and rows (README, run 19). A nice thread
+    gets the cores the workers leave idle (between passes, while the drafter runs on one core), and the
+    GIL it may hold is released after every chain (`_make_plan`'s pause)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:
+        log.info("the scheduler's planner runs at the router's priority: %s", exc)
 
 
 def context_bucket(rows: Sequence[Row]) -> int:
@@ -428,6 +450,7 @@ class Scheduler:
         self._stop.set()
 
     def _plan_loop(self) -> None:
+        _lower_priority(self.settings.planner_nice)
         while not self._stop.wait(self.settings.recompute_s):
             try:
                 self._refresh_plans()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import random
+import sys
+import threading
 import time
 
 import pytest
@@ -812,3 +815,23 @@ def test_a_batch_is_planned_for_how_its_prompts_compare_with_the_pools() -> None
     for _ in range(600):                                                # the pool runs such rows a while
         sched.observe(_prompt_cycle(("a", "t"), list(easy.rows.values())), list(easy.rows.values()), 1_000_000, True)
     assert sched._prompt_shift(list(easy.rows.values())) == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own niceness is Linux's")
+@pytest.mark.parametrize("nice", [0, 7])
+def test_the_planner_thread_runs_nicer_than_the_router(nice: int) -> None:
+    """The planner raises its own thread's niceness by `planner_nice`; the thread that started it (the
+    router's, which runs the cycles) keeps its own."""
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    sched, _ = make({("a", "t"): 0.9}, recompute_s=1000.0, planner_nice=nice)
+    sched.start()
+    try:
+        tid = sched._planner.native_id
+        expected = min(19, own + nice)
+        deadline = time.monotonic() + 5
+        while os.getpriority(os.PRIO_PROCESS, tid) != expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.getpriority(os.PRIO_PROCESS, tid) == expected
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+    finally:
+        sched.close()
