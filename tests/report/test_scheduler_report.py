@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from specrouter.report.scheduler_report import (Measured, ReportSettings, _by_rows, _checks, _outside_ms, _requests,
-                                                _waves, held_out_best, spearman)
+                                                _same_cycles, _waves, held_out_best, spearman)
 
 
 def test_spearman_rank_correlation() -> None:
@@ -132,3 +132,13 @@ def test_adaptive_is_shown_wave_by_wave_beside_the_statics() -> None:
     assert waves[0]["choices"] == {"a,b W6": {"cycles": 10, "predicted_cycle_ms": 48.0, "measured_cycle_ms": 50.0,
                                               "predicted_emitted": 4.5, "measured_emitted": 4.0}}
     assert list(waves[1]["choices"]) == ["b"] and list(waves[3]["choices"]) == ["a,b W2"]
+
+
+def test_adaptive_is_compared_with_a_static_at_its_configuration_and_rows() -> None:
+    static = [{"config": "a,b W6", "rows": 4, "cycle_ms": 70.0}, {"config": "a,b W6", "rows": 1, "cycle_ms": 45.0}]
+    adaptive = [{"config": "a,b W8", "rows": 4, "cycle_ms": 80.0}, {"config": "a,b W6", "rows": 1, "cycle_ms": 50.0},
+                {"config": "a,b W6", "rows": 4, "cycle_ms": 72.0}]
+    assert _same_cycles(adaptive, static, 4) == (adaptive[2], static[0])
+    assert _same_cycles(adaptive, static, 1) == (adaptive[1], static[1])
+    assert _same_cycles(adaptive, static, 2) is None          # the static ran no cycle of 2 rows
+    assert _same_cycles(adaptive[:1], static, 4) is None      # adaptive never ran the static's configuration

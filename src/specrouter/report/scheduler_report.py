@@ -639,11 +639,11 @@ def _print_choices(lines: list[str], title: str, per_config: dict[str, dict]) ->
 
 def _same_cycles(adaptive: Sequence[dict], static: Sequence[dict], rows: int) -> tuple[dict, dict] | None:
     """Adaptive's and a static's cycles at the static's configuration with `rows` rows, if both ran some."""
-    mine = next((c for c in static if c["rows"] == rows), None)
-    if mine is None:
+    static_cycles = next((c for c in static if c["rows"] == rows), None)
+    if static_cycles is None:
         return None
-    theirs = next((c for c in adaptive if c["rows"] == rows and c["config"] == mine["config"]), None)
-    return None if theirs is None else (theirs, mine)
+    same = next((c for c in adaptive if c["rows"] == rows and c["config"] == static_cycles["config"]), None)
+    return None if same is None else (same, static_cycles)
 
 
 def _ms(value: float | None) -> str:
