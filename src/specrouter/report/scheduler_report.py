@@ -204,9 +204,10 @@ class SchedulerReport:
         for r in results:
             for chain, n in r.stats.chain_counts.items():
                 into.chain_counts[chain] += n
-        chosen = {label: list(v) for label, v in into.per_config.items()}
+        adaptive = config.chain is None
+        chosen = {label: list(v) for label, v in into.per_config.items()} if adaptive else {}
         self._diff_ledgers(config, before, after, into, batch)
-        if config.chain is None:
+        if adaptive:
             into.wave_choices.append({label: [x - y for x, y in zip(v, chosen.get(label, [0.0] * 5))]
                                       for label, v in into.per_config.items()
                                       if v[0] > chosen.get(label, [0.0])[0]})
