@@ -24,7 +24,8 @@ those that name the window, the best chain at it. On top of the ranking:
   (1.48 against 1.71 ms) and its tail dearer (1.05 against 0.75). Modelling the rows' differences (each
   row's rate from its record or its progress, or their spread as a learned variance) did not help;
   capped at 6, batches of 4 and 16 gained on every workload but prose at 16 rows (-0.2%) in the replay
-  (live, one report of those cells has not confirmed it: README, run 18);
+  (live, the batch-4 and batch-16 cells of run 18 did not confirm it alone; the full report on it, run
+  19, put all nine cells within 5% of the best static: README);
 - tail: a row's last cycle emits past its tokens left (dropped), and a batch's rows finish apart, so
   that while the last ones run the batch is small and its cycles cost nearly as much as full ones. Long
   windows emit more per cycle but more unevenly, so they overshoot more and their rows spread out more;
