@@ -4,6 +4,7 @@
     python -m benchmarks.scheduler_replay run --traces FILE [--passes 3] [--batch-size 1] [--requests 8]
                                               [--pass-ms MODEL=MS,...] [--call-ms 8.7]
                                               [--growth MODEL=FRACTION,...] [--scheduler JSON]
+                                              [--runoff-top K]
 
 `scheduler-report` measures the scheduler on a live cluster, where one configuration measures 5-10%
 apart from one pass to the next; a change worth 2% takes many half-hour runs to see. Under greedy
@@ -255,11 +256,17 @@ def statics(traces: dict, windows: Sequence[int]) -> list[tuple[tuple[str, ...],
 def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, passes: int = 3,
                      windows: Sequence[int] = (2, 4, 6, 8), requests: int = 8,
                      acceptance_alpha: float = EmaConstants.acceptance_alpha,
-                     switching: Sequence[tuple[str, str]] = (("prose", "repetitive"),), batch: int = 1) -> list[dict]:
+                     switching: Sequence[tuple[str, str]] = (("prose", "repetitive"),), batch: int = 1,
+                     runoff_top: int = 0) -> list[dict]:
     """The report's cells at one batch size on one router: each kind, then each switching stream (A's
     requests, then B's), in waves of `batch` requests, each wave by `auto` then every static; ms per token
     per configuration over `passes`, and what the best configuration per wave, picked with hindsight, would
-    have taken (`hindsight`)."""
+    have taken (`hindsight`).
+
+    With `runoff_top` K, each cell runs as the report runs it: one screening pass of every configuration,
+    then `passes` run-off passes of `auto`, the K statics fastest in the screening and target-only, which
+    alone are counted. Fewer configurations per wave feed the profiler fewer checks of each new kind of
+    text, so the pool's rates follow a change of workload over more of `auto`'s waves."""
     by_kind: dict[str, list[dict]] = {}
     for p in traces["prompts"]:
         by_kind.setdefault(p["kind"], []).append(p)
@@ -271,15 +278,14 @@ def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, pa
     configs = statics(traces, windows)
     out = []
     for kind, prompts in cells:
-        replay.picks.clear()
-        ms: dict[str, float] = Counter()
         waves = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
-        for _ in range(passes):
-            for wave in waves:
-                ms["auto"] += replay.run_wave(wave)
-                each = {_label(config): replay.run_wave(wave, config) for config in configs}
-                ms.update(each)
-                ms["hindsight"] += min(each.values())
+        running = configs
+        if runoff_top > 0:
+            screening = _run_passes(replay, waves, configs, 1)
+            ranked = sorted((c for c in configs if len(c[0]) > 1), key=lambda c: screening[_label(c)])
+            running = [c for c in configs if len(c[0]) == 1] + ranked[:runoff_top]
+        replay.picks.clear()
+        ms = _run_passes(replay, waves, running, passes)
         tokens = passes * len(prompts) * traces["new_tokens"]
         per_token = {k: v / tokens for k, v in ms.items()}
         best = min((k for k in per_token if k not in ("auto", "hindsight")), key=per_token.get)
@@ -288,6 +294,20 @@ def replay_workloads(traces: dict, costs: Costs, settings: SchedulerSettings, pa
                     "hindsight_speed_over_best_static": per_token[best] / per_token["hindsight"],
                     "auto_picks": {_label(c): n for c, n in replay.picks.most_common()}})
     return out
+
+
+def _run_passes(replay: Replay, waves: Sequence[Sequence[dict]], configs: Sequence[tuple[tuple[str, ...], int]],
+                passes: int) -> Counter[str]:
+    """ms per configuration (and `auto`, and `hindsight`: the best of `configs` per wave) over `passes`
+    passes of the waves, each wave by `auto` and then by each configuration."""
+    ms: Counter[str] = Counter()
+    for _ in range(passes):
+        for wave in waves:
+            ms["auto"] += replay.run_wave(wave)
+            each = {_label(config): replay.run_wave(wave, config) for config in configs}
+            ms.update(each)
+            ms["hindsight"] += min(each.values())
+    return ms
 
 
 def _label(config: tuple[tuple[str, ...], int]) -> str:
@@ -327,6 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--acceptance-alpha", type=float, default=EmaConstants.acceptance_alpha)
     r.add_argument("--scheduler", default="{}", help="SchedulerSettings overrides as JSON")
     r.add_argument("--switching", default="prose>repetitive", help="switching streams, e.g. prose>code,code>prose")
+    r.add_argument("--runoff-top", type=int, default=0,
+                   help="as the report: a screening pass of every static, then run-off passes of auto, the "
+                   "this many fastest statics and target-only (0: every static in every pass)")
     r.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "traces":
@@ -344,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              acceptance_alpha=args.acceptance_alpha,
                              switching=[tuple(x.strip() for x in pair.split(">", 1))
                                         for pair in args.switching.split(",") if ">" in pair],
-                             batch=args.batch_size, requests=args.requests)
+                             batch=args.batch_size, requests=args.requests,
+                             runoff_top=args.runoff_top)
     if args.json:
         print(json.dumps(cells, indent=1))
         return 0

@@ -130,3 +130,16 @@ def test_traces_accept_what_the_real_chain_accepts() -> None:
                 compared += 1
                 t += accepted + 1
     assert compared >= 6
+
+
+def test_a_run_off_counts_auto_target_only_and_the_fastest_statics_alone() -> None:
+    """As the report: a screening pass of every static, then run-off passes of auto, target-only and the
+    `runoff_top` fastest statics of the screening, which alone are counted."""
+    cells = replay_workloads(_traces(), COSTS, SchedulerSettings(), passes=2, windows=(2, 4, 8), runoff_top=1)
+    by_kind = {c["kind"]: c for c in cells}
+    assert set(by_kind["repetitive"]["ms_per_token"]) == {"auto", "hindsight", "t", "d,t W8"}
+    assert set(by_kind["prose"]["ms_per_token"]) == {"auto", "hindsight", "t", "d,t W2"}
+    # on easy text a cycle at window 8 (2 calls, 8 drafts, a target pass) emits 9 tokens: 24 in 3 cycles
+    easy = by_kind["repetitive"]["ms_per_token"]
+    assert easy["d,t W8"] == pytest.approx(3 * (2 * 80 + 8 * 10 + 40) / NEW_TOKENS, rel=1e-6)
+    assert easy["t"] == pytest.approx(80 + 40, rel=1e-6)
