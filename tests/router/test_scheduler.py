@@ -478,7 +478,7 @@ def test_a_rows_record_ages_through_cycles_without_drafts() -> None:
     (row,) = batch.rows.values()
     row.acceptance_record[:] = [20.0, 100.0, 90.0, 100.0]    # 2 in 10 accepted where 9 in 10 were predicted
     def shift() -> int:
-        return batch_shift([row], s.batch_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
+        return batch_shift([row], s.row_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
     assert shift() == -round(s.batch_odds_down / s.batch_odds_step)
     chain, window = sched.choose(batch, ("t",))
     report = CycleReport(chain, window, emitted={row.row_id: [5]}, accepted={"t": [0]}, proposed={"t": [0]},
@@ -489,6 +489,27 @@ def test_a_rows_record_ages_through_cycles_without_drafts() -> None:
         shifts.append(shift())
     assert row.acceptance_record == pytest.approx([x * s.row_memory**60 for x in [20.0, 100.0, 90.0, 100.0]])
     assert shifts == sorted(shifts) and shifts[0] < 0 and shifts[-1] == 0
+
+
+def test_a_batchs_own_rate_is_shrunk_per_row() -> None:
+    """Each row's streak regresses on its own, so the record's prior is `row_prior_checks` per row: a batch
+    of rows alike shifts as one of them does. A lone row 38 of 40 where 0.8 was predicted: rho = (38 + 16 *
+    0.8) / (40 + 16), logit(rho) - logit(0.8) = 0.89, 4 steps of 0.25 (one prior of 64 for the batch put
+    the lone row at 2 and four such rows at 4)."""
+    from specrouter.router.scheduler import batch_shift
+
+    assert SchedulerSettings().row_prior_checks == 16.0
+    lone = FakeBatch(1)
+    four = FakeBatch(4)
+    for r in [*lone.rows.values(), *four.rows.values()]:
+        r.acceptance_record[:] = [38.0, 40.0, 32.0, 40.0]
+    def shift(batch: FakeBatch) -> int:
+        return batch_shift(list(batch.rows.values()), 16.0, 0.25, 1.5, 3.0)
+    assert shift(lone) == 4
+    assert shift(four) == 4
+    # a row that accepts as predicted leaves the batch where the prediction is
+    four.rows["0"].acceptance_record[:] = [32.0, 40.0, 32.0, 40.0]
+    assert shift(four) == 2   # (3 * 38 + 32 + 64 * 0.8) / (160 + 64): logit 0.61 above 0.8's
 
 
 def test_no_draft_is_longer_than_the_tokens_left() -> None:
