@@ -408,13 +408,15 @@ class Scheduler:
         self.lock = threading.RLock()   # plans made inline (under the lock) read the overheads too
         self.decision_ns = _Ema(0.01)
         self.cycle_ns = _Ema(0.01)
-        self.counts = {"decisions": 0, "explorations": 0, "switches": 0, "plans": 0}
+        # stand_ins: rankings asked for a shift not planned yet, served by the nearest planned one
+        self.counts = {"decisions": 0, "explorations": 0, "switches": 0, "plans": 0, "stand_ins": 0}
         self.planning_ns = 0                      # time spent planning, all threads
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
         self._finish_reach = FINISH_HORIZON + max(self.settings.windows) + 1   # tokens left a finish is costed to
         self._stop = threading.Event()
+        self._wake = threading.Event()   # a decision asked for a plan the planner has not made
         self._planner: threading.Thread | None = None
         self.ledgers: dict[tuple[tuple[str, ...], int, int, bool], Ledger] = defaultdict(Ledger)
 
@@ -454,10 +456,18 @@ class Scheduler:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     def _plan_loop(self) -> None:
+        """A round every `recompute_s`, or at once when a decision asks for a shift not planned yet: a
+        one-row request lasts a few rounds, and its prompt's shift (known at its first cycle) would
+        otherwise wait up to a round for its plan, the nearest shift's serving meanwhile."""
         _lower_priority(self.settings.planner_nice)
-        while not self._stop.wait(self.settings.recompute_s):
+        while True:
+            self._wake.wait(self.settings.recompute_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._refresh_plans()
             except Exception:   # noqa: BLE001 - a bad snapshot must not stop planning for good
@@ -467,9 +477,10 @@ class Scheduler:
         """Remakes the stale plans that a decision asked for since they were made. A plan nobody asked for
         since is left as it is until one does (it serves that decision, and is remade by the next round):
         the compositions a wave's tail passes through are asked for once or twice a wave, and remaking every
-        one of them every round takes CPU time from the workers on a small machine."""
+        one of them every round takes CPU time from the workers on a small machine. Plans not made yet
+        come first: a stand-in serves those, a stale plan its own key."""
         now = self._clock()
-        for key, used_at in list(self._wanted.items()):
+        for key, used_at in sorted(self._wanted.items(), key=lambda kv: kv[0] in self._plans):
             if now - used_at > 10 * self.settings.recompute_s + 5:
                 self._wanted.pop(key, None)
                 continue
@@ -511,6 +522,8 @@ class Scheduler:
         if plan is None and (shift or common) and planner_running:
             near = [k for k in self._plans if k[:2] == key[:2] and k[4] in (key[4], None)]
             if near:
+                self.counts["stand_ins"] += 1
+                self._wake.set()
                 return self._plans[min(near, key=lambda k: abs(k[2] - common) + abs(k[3] - shift))]
         if plan is None or (not planner_running and self._stale(plan)):
             plan = self._plans[key] = self._make_plan(*key)

@@ -130,7 +130,7 @@ def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.Schedule
         decisions=scheduler.counts["decisions"], explorations=scheduler.counts["explorations"],
         switches=scheduler.counts["switches"], decision_us=scheduler.decision_ns.get() / 1e3,
         cycle_ms=scheduler.cycle_ns.get() / 1e6, plans=scheduler.counts["plans"],
-        planning_ms=scheduler.planning_ns / 1e6)
+        planning_ms=scheduler.planning_ns / 1e6, stand_ins=scheduler.counts["stand_ins"])
     est = plan.estimates
     depth = max(scheduler.settings.windows)
     modes = [m for m, n in (("greedy", greedy), ("sampling", sampling)) if n]

@@ -383,6 +383,34 @@ def test_the_planner_remakes_only_the_plans_asked_for_since_they_were_made() -> 
         sched.close()
 
 
+def test_a_shift_not_planned_yet_wakes_the_planner() -> None:
+    """A decision asking for a shift the planner has not made is served by the nearest planned shift, and
+    the planner makes that shift's plan at once, not at its next round (`recompute_s`, here 1000 s away)."""
+    clock = Clock()
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    sched, _ = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=1000.0)
+    unshifted = sched.plan(1, 0)          # made inline: there is no other plan yet
+    sched.start()
+    try:
+        time.sleep(0.05)                  # the planner waits for its round
+        assert sched.plan(1, 0, common=-4) is unshifted     # the stand-in
+        assert sched.counts["stand_ins"] == 1
+        for _ in range(500):
+            if (1, 0, -4, 0, None) in sched._plans:
+                break
+            time.sleep(0.01)
+        shifted_plan = sched.plan(1, 0, common=-4)
+        assert shifted_plan is not unshifted and sched.counts["stand_ins"] == 1
+        # every pair 1.0 down in log-odds (4 steps of 0.25): fewer tokens a cycle at every window
+        assert all(shifted_plan.by_key[k].emitted < p.emitted for k, p in unshifted.by_key.items() if k[1] > 0)
+    finally:
+        sched.close()
+    sched._planner.join(timeout=5)
+    assert not sched._planner.is_alive()        # closing wakes it to stop, not after its round
+    from specrouter.router.server import schedule_pb
+    assert schedule_pb(sched, 1, 0).stand_ins == 1    # on the wire, for the report
+
+
 def test_the_planner_survives_a_failing_snapshot() -> None:
     clock = Clock()
     pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]

@@ -437,6 +437,8 @@ class SchedulerReport:
                          "switches": final.switches,
                          # the planner's rankings, spread over every cycle the router ran meanwhile
                          "plans": final.plans - self.first.plans, "planning_ms": planning_ms,
+                         # rankings asked for a shift not planned yet, which the nearest planned one served
+                         "stand_ins": final.stand_ins - self.first.stand_ins,
                          "planning_ms_per_cycle": planning_ms / cycles if cycles else None,
                          "planning_share_of_time": planning_ms / elapsed_ms if elapsed_ms else None},
             "calibration": [{"mode": c.mode, "intercept": c.intercept, "slope": c.slope, "pairs": c.pairs}
@@ -621,7 +623,8 @@ def format_report(report: dict) -> str:
                  f"{d['switches']} switches in {d['decisions']} decisions")
     if d.get("planning_ms_per_cycle") is not None:
         lines.append(f"planning {d['plans']} rankings, {d['planning_ms']:.0f} ms: {d['planning_ms_per_cycle']:.2f} ms per "
-                     f"cycle, {100 * d['planning_share_of_time']:.2f}% of the router's wall time")
+                     f"cycle, {100 * d['planning_share_of_time']:.2f}% of the router's wall time"
+                     + (f"; {d['stand_ins']} asked before they were planned" if d.get("stand_ins") is not None else ""))
     rc = report["rank_correlation"]
     if rc["mean"] is not None:
         lines.append(f"rank correlation: mean {rc['mean']:.3f}, min {rc['min']:.3f}")

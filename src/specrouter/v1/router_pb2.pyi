@@ -207,7 +207,7 @@ class Calibration(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., intercept: _Optional[float] = ..., slope: _Optional[float] = ..., pairs: _Optional[int] = ...) -> None: ...
 
 class ScheduleResponse(_message.Message):
-    __slots__ = ("candidates", "ledgers", "pairs", "calibration", "decisions", "explorations", "switches", "decision_us", "cycle_ms", "plans", "planning_ms")
+    __slots__ = ("candidates", "ledgers", "pairs", "calibration", "decisions", "explorations", "switches", "decision_us", "cycle_ms", "plans", "planning_ms", "stand_ins")
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     LEDGERS_FIELD_NUMBER: _ClassVar[int]
     PAIRS_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +219,7 @@ class ScheduleResponse(_message.Message):
     CYCLE_MS_FIELD_NUMBER: _ClassVar[int]
     PLANS_FIELD_NUMBER: _ClassVar[int]
     PLANNING_MS_FIELD_NUMBER: _ClassVar[int]
+    STAND_INS_FIELD_NUMBER: _ClassVar[int]
     candidates: _containers.RepeatedCompositeFieldContainer[CandidatePrediction]
     ledgers: _containers.RepeatedCompositeFieldContainer[CycleLedger]
     pairs: _containers.RepeatedCompositeFieldContainer[PairEstimate]
@@ -230,4 +231,5 @@ class ScheduleResponse(_message.Message):
     cycle_ms: float
     plans: int
     planning_ms: float
-    def __init__(self, candidates: _Optional[_Iterable[_Union[CandidatePrediction, _Mapping]]] = ..., ledgers: _Optional[_Iterable[_Union[CycleLedger, _Mapping]]] = ..., pairs: _Optional[_Iterable[_Union[PairEstimate, _Mapping]]] = ..., calibration: _Optional[_Iterable[_Union[Calibration, _Mapping]]] = ..., decisions: _Optional[int] = ..., explorations: _Optional[int] = ..., switches: _Optional[int] = ..., decision_us: _Optional[float] = ..., cycle_ms: _Optional[float] = ..., plans: _Optional[int] = ..., planning_ms: _Optional[float] = ...) -> None: ...
+    stand_ins: int
+    def __init__(self, candidates: _Optional[_Iterable[_Union[CandidatePrediction, _Mapping]]] = ..., ledgers: _Optional[_Iterable[_Union[CycleLedger, _Mapping]]] = ..., pairs: _Optional[_Iterable[_Union[PairEstimate, _Mapping]]] = ..., calibration: _Optional[_Iterable[_Union[Calibration, _Mapping]]] = ..., decisions: _Optional[int] = ..., explorations: _Optional[int] = ..., switches: _Optional[int] = ..., decision_us: _Optional[float] = ..., cycle_ms: _Optional[float] = ..., plans: _Optional[int] = ..., planning_ms: _Optional[float] = ..., stand_ins: _Optional[int] = ...) -> None: ...
