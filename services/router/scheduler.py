@@ -4,8 +4,9 @@ Candidates are every chain of the pool that ends at the target (the target alone
 window of `windows`. Their predictions (cost_model.predict) form a plan per batch composition (rows per
 decoding mode, bucketed as the profiler buckets batch sizes: exact up to 16, then powers of two). A
 background planner thread refreshes the plans in use every `recompute_s` from the profiler's latest
-snapshot, so a decision on the cycle's path is a dictionary lookup; only a composition never seen before
-is planned inline. Requests that name their chain but not their window get the chain's best window;
+snapshot, so a decision on the cycle's path is a dictionary lookup; only a composition never seen before,
+or one not asked for since its plan's snapshot was replaced more than `plan_max_age_s` ago, is planned
+inline. Requests that name their chain but not their window get the chain's best window;
 those that name the window, the best chain at it. On top of the ranking:
 
 - exploration: a pair of models that has not been measured for a while (or never) gets one cycle of
@@ -130,6 +131,8 @@ class SchedulerSettings(BaseModel):
     windows: list[int] = Field(default_factory=lambda: list(range(1, 9)))  # draft windows considered
     max_levels: int = 4                 # longest chain considered (the pool's permutations grow fast)
     recompute_s: float = 0.25           # a batch composition's ranking is at most this old
+    plan_max_age_s: float = Field(1.0, gt=0.0)   # ... when in use; one older, of a replaced snapshot, is not
+    #                                     served: a composition asked for again after a while is replanned
     planner_nice: int = Field(10, ge=0, le=19)   # niceness of the planner thread (Linux): it plans in the
                                         # cores' idle time, not in the workers' (0: as the router)
     hysteresis: float = 0.03            # change window only when the best is predicted this much faster
@@ -504,6 +507,22 @@ class Scheduler:
         self._refresh_snapshot()
         return plan.version != self._version and self._clock() - plan.made_at >= self.settings.recompute_s
 
+    def _servable(self, plan: Plan, now: float) -> bool:
+        """Whether a plan the planner has not remade may serve a decision: younger than `plan_max_age_s`,
+        or made from the latest snapshot. The planner remakes the plans in use each round, but a plan
+        asked for once in a while (the first cycles of a request, a shift its rows reach now and then) was
+        served as it stood and remade after. On a stream that changes kind, with other requests run between
+        two adaptive ones (the report's run-offs), a third of the decisions were served by plans over 1 s
+        old from a replaced snapshot, some 140 s old: rankings of the text before."""
+        if now - plan.made_at < self.settings.plan_max_age_s:
+            return True
+        try:
+            self._refresh_snapshot()
+        except Exception:   # noqa: BLE001 - no snapshot to replan from: what stands serves
+            log.debug("no profiler snapshot to replan from", exc_info=True)
+            return True
+        return plan.version == self._version
+
     @staticmethod
     def composition(greedy_rows: int, sampling_rows: int) -> tuple[int, int]:
         """Batch compositions planned alike: the profiler's buckets (exact up to 16, then powers of two)."""
@@ -513,14 +532,18 @@ class Scheduler:
              pairs: frozenset[tuple[str, str]] | None = None, common: int = 0) -> Plan:
         """The ranking for a batch composition (with the acceptance of every pair shifted by `common` steps,
         and of `pairs`, every pair if None, by `shift` more): the standing plan, made now if there is none
-        (or it is stale and no planner thread runs). A shift the planner thread has not planned yet is left
-        to it; the nearest planned shift serves meanwhile."""
+        (or it is stale and no planner thread runs, or too old to serve: `_servable`). A shift the planner
+        thread has not planned yet (or whose plan is too old) is left to it; the nearest servable planned
+        shift serves meanwhile, and with none the plan is made now."""
         key: PlanKey = (*self.composition(greedy_rows, sampling_rows), common, shift, pairs if shift else None)
-        self._wanted[key] = self._clock()
+        now = self._wanted[key] = self._clock()
         plan = self._plans.get(key)
         planner_running = self._planner is not None and self._planner.is_alive()
+        if plan is not None and planner_running and not self._servable(plan, now):
+            plan = None
         if plan is None and (shift or common) and planner_running:
-            near = [k for k in self._plans if k[:2] == key[:2] and k[4] in (key[4], None)]
+            near = [k for k, p in self._plans.items()
+                    if k[:2] == key[:2] and k[4] in (key[4], None) and self._servable(p, now)]
             if near:
                 self.counts["stand_ins"] += 1
                 self._wake.set()

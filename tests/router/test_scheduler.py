@@ -365,7 +365,8 @@ def test_plans_are_refreshed_inline_when_the_planner_has_stopped() -> None:
 def test_the_planner_remakes_only_the_plans_asked_for_since_they_were_made() -> None:
     clock = Clock()
     pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
-    sched, holder = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=1000.0)
+    sched, holder = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=1000.0,
+                         plan_max_age_s=1e9)
     asked, idle = sched.plan(2, 0), sched.plan(3, 0)
     sched.start()    # its first round is 1000 s away: the rounds below are called here
     try:
@@ -379,6 +380,37 @@ def test_the_planner_remakes_only_the_plans_asked_for_since_they_were_made() -> 
         assert sched.plan(3, 0) is idle
         sched._refresh_plans()
         assert sched.plan(3, 0) is not idle
+    finally:
+        sched.close()
+
+
+def test_a_plan_too_old_from_a_replaced_snapshot_is_not_served() -> None:
+    """A composition asked for again after `plan_max_age_s`, the snapshot having changed since its plan
+    was made, gets a plan of the latest snapshot: made now, or (a shift) the nearest servable shift's,
+    never the old ranking. The planner's rounds are 1000 s apart: it remakes nothing here itself."""
+    clock = Clock()
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    sched, holder = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=1000.0,
+                         plan_max_age_s=1.0)
+    old, old_shifted = sched.plan(1, 0), sched.plan(1, 0, common=-4)
+    assert old.predictions[0].chain != ("t",)
+    sched.start()
+    try:
+        time.sleep(0.05)                  # the planner waits for its round
+        holder["snapshot"] = snapshot({pair: 0.02 for pair in pairs})   # drafts are now nearly all rejected
+        clock.now += 0.5
+        assert sched.plan(1, 0) is old                     # young enough: served as it is
+        clock.now += 1.0
+        fresh_shifted = sched.plan(1, 0, common=-4)        # nothing servable near it: made now
+        assert fresh_shifted is not old_shifted and fresh_shifted.made_at == clock.now
+        assert fresh_shifted.predictions[0].chain == ("t",)
+        stand_ins = sched.counts["stand_ins"]
+        assert sched.plan(1, 0, common=-3) is fresh_shifted   # the nearest servable shift stands in
+        assert sched.counts["stand_ins"] == stand_ins + 1
+        fresh = sched.plan(1, 0)          # the unshifted plan is never a stand-in's: made now
+        assert fresh is not old and fresh.predictions[0].chain == ("t",)
+        clock.now += 5.0                  # old, but of the latest snapshot: still served
+        assert sched.plan(1, 0) is fresh
     finally:
         sched.close()
 
