@@ -513,7 +513,7 @@ class Scheduler:
         asked for once in a while (the first cycles of a request, a shift its rows reach now and then) was
         served as it stood and remade after. On a stream that changes kind, with other requests run between
         two adaptive ones (the report's run-offs), a third of the decisions were served by plans over 1 s
-        old from a replaced snapshot, some 140 s old: rankings of the text before."""
+        old from a replaced snapshot, up to 291 s old: rankings of the text before."""
         if now - plan.made_at < self.settings.plan_max_age_s:
             return True
         try:
