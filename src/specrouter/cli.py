@@ -235,6 +235,8 @@ def scheduler_report(
     runoff_top: int = typer.Option(2, help="Fastest statics of the screening that go to the run-off."),
     runoff_waves: int = typer.Option(8, help="More run-off passes where the batch size leaves fewer waves "
                                              "than this per configuration."),
+    switching_runoff_passes: int = typer.Option(8, help="Run-off passes of the switching run, at least (its check "
+                                                        "compares speeds a few percent apart)."),
     per_kind: int = typer.Option(16, help="Built-in prompts per workload kind."),
     requests: int = typer.Option(8, help="Requests per workload and batch size (whole waves of the batch size, two at least)."),
     temperature: float = typer.Option(0.0, help="0: greedy; > 0: sampling."),
@@ -257,8 +259,9 @@ def scheduler_report(
     _logging(verbose)
     if repeats < 1 or max_new_tokens < 1 or runoff_top < 1:
         _fail("INVALID_ARGUMENT", "--repeats, --max-new-tokens and --runoff-top must be >= 1")
-    if runoff_passes < 0 or runoff_waves < 0:
-        _fail("INVALID_ARGUMENT", "--runoff-passes and --runoff-waves must be >= 0 (--runoff-passes 0: no run-off)")
+    if runoff_passes < 0 or runoff_waves < 0 or switching_runoff_passes < 0:
+        _fail("INVALID_ARGUMENT", "--runoff-passes, --runoff-waves and --switching-runoff-passes must be >= 0 "
+              "(--runoff-passes 0: no run-off)")
     pair = None
     if switching:
         if ">" not in switching:
@@ -276,6 +279,7 @@ def scheduler_report(
                               max_new_tokens=max_new_tokens, repeats=repeats, requests=requests,
                               temperature=temperature, switching=pair, runoff_passes=runoff_passes,
                               runoff_top=runoff_top, runoff_waves=runoff_waves,
+                              switching_runoff_passes=switching_runoff_passes,
                               switching_batch_sizes=_int_list(switching_batch_sizes, "switching-batch-sizes"))
     cluster = None
     try:

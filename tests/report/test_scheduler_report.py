@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import statistics
 import subprocess
 import sys
 
 import pytest
 
 from specrouter.report.scheduler_report import (Measured, ReportSettings, _by_rows, _checks, _outside_ms, _requests,
-                                                _same_cycles, _waves, held_out_best, spearman)
+                                                _same_cycles, _waves, held_out_best, spearman, wave_ratio_se)
 
 
 def test_spearman_rank_correlation() -> None:
@@ -31,6 +32,26 @@ def test_the_runoff_takes_more_passes_where_the_batch_size_leaves_few_waves() ->
     assert [s.runoff_passes_for(w) for w in (8, 2, 3, 1, 16)] == [2, 4, 3, 8, 2]
     assert ReportSettings(runoff_passes=0, runoff_waves=8).runoff_passes_for(2) == 0   # no run-off
     assert ReportSettings(runoff_passes=2, runoff_waves=0).runoff_passes_for(2) == 2   # passes as asked
+
+
+def test_the_switching_run_off_takes_its_own_passes_at_least() -> None:
+    s = ReportSettings(runoff_passes=2, runoff_waves=8, switching_runoff_passes=8)
+    # 16 waves (8 requests of each kind at batch 1): 2 passes for a plain run, 8 for a switching one
+    assert s.runoff_passes_for(16) == 2 and s.runoff_passes_for(16, switching=True) == 8
+    assert s.runoff_passes_for(1, switching=True) == 8   # more than the switching minimum is kept
+    assert ReportSettings(runoff_passes=2, runoff_waves=16, switching_runoff_passes=1).runoff_passes_for(
+        1, switching=True) == 16
+    assert ReportSettings(runoff_passes=0, switching_runoff_passes=8).runoff_passes_for(16, switching=True) == 0
+
+
+def test_the_wave_ratio_standard_error_is_that_of_the_mean_log_ratio() -> None:
+    # b runs every wave at 10 tokens/s; a at 11, 9, 12 and 10 (tokens and seconds vary, the rates count)
+    a = [(22, 2.0), (9, 1.0), (36, 3.0), (10, 1.0)]
+    b = [(10, 1.0), (20, 2.0), (10, 1.0), (30, 3.0)]
+    logs = [math.log(x / 10) for x in (11, 9, 12, 10)]
+    assert wave_ratio_se(a, b) == pytest.approx(statistics.stdev(logs) / 2)
+    assert wave_ratio_se(a[:1], b[:1]) is None and wave_ratio_se([], []) is None
+    assert wave_ratio_se(a, a) == 0.0
 
 
 def test_held_out_best_static_is_picked_without_the_wave_it_is_measured_on() -> None:

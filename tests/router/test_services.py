@@ -337,7 +337,7 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "specrouter.cli", "scheduler-report", "--router", cluster[1],
                           "--prompts", str(prompts), "--batch-sizes", "1,2", "--windows", "2", "--repeats", "1",
                           "--runoff-passes", "1", "--runoff-waves", "4", "--runoff-top", "1", "--max-new-tokens", "6", "--requests", "2",
-                          "--switching", "code>prose",
+                          "--switching", "code>prose", "--switching-runoff-passes", "3",
                           "--out", str(tmp_path / "report"), "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
@@ -358,8 +358,8 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
         screened = max(run["static"][1:], key=lambda x: x["tokens_per_s"])
         assert [(x["chain"], x["window"]) for x in runoff["static"]] == \
             [(run["static"][0]["chain"], 0), (screened["chain"], screened["window"])]
-        # two waves of 2 requests (4 of 4 in the switching run): passes until 4 waves, one at least
-        passes = 1 if run["kind"].startswith("switching") else 2
+        # two waves of 2 requests: passes until 4 waves, one at least; the switching run's own 3 passes
+        passes = 3 if run["kind"].startswith("switching") else 2
         assert runoff["passes"] == passes and len(runoff["adaptive_tokens_per_s_runs"]) == passes
         assert runoff["adaptive_measured_t_eff_ms"] > 0 and all(x["measured_t_eff_ms"] > 0 for x in runoff["static"])
         if run["batch_size"] == 1:   # the client's time holds the cycles' and more (prefill, round trips)
@@ -367,6 +367,7 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
             assert all(x["outside_cycles_ms_per_token"] > 0 for x in runoff["static"])
         assert runoff["adaptive_over_best_static"] == pytest.approx(
             runoff["adaptive_tokens_per_s"] / max(x["tokens_per_s"] for x in runoff["static"]))
+        assert runoff["adaptive_over_best_static_se"] >= 0   # from 4 waves at least
         chosen = run["adaptive"]["per_config"]   # every cycle of adaptive, by what it chose
         assert sum(c["cycles"] for c in chosen.values()) == run["adaptive"]["cycles"] > 0
         assert all(c["predicted_emitted"] >= 1 and c["measured_cycle_ms"] > 0 for c in chosen.values())

@@ -37,6 +37,7 @@ best of two statics measured on four waves is biased upwards by the luckier one.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import sys
@@ -73,13 +74,19 @@ class ReportSettings:
     runoff_passes: int = 2     # passes of auto, target-only and the top statics after screening (0: none)
     runoff_top: int = 2        # statics fastest in the screening that go to the run-off
     runoff_waves: int = 8      # more run-off passes where a pass has fewer waves than this (batch sizes > 1)
+    switching_runoff_passes: int = 8   # run-off passes of a switching run, at least
 
-    def runoff_passes_for(self, waves: int) -> int:
+    def runoff_passes_for(self, waves: int, switching: bool = False) -> int:
         """Run-off passes of a workload of `waves` waves: `runoff_passes`, or as many more as it takes to
-        run `runoff_waves` waves."""
+        run `runoff_waves` waves; of a switching run, at least `switching_runoff_passes`. Its check is
+        strict (adaptive faster than every static) between speeds a few percent apart, while one wave's
+        ratio of adaptive over a static varies by about 16% (standard deviation of its log, one request
+        at batch 1 on a 2-core machine): two passes of its 16 waves measured the ratio within about 2.8%
+        (standard error), eight within about 1.4%."""
         if self.runoff_passes <= 0 or waves <= 0:
             return 0
-        return max(self.runoff_passes, -(-self.runoff_waves // waves))
+        passes = max(self.runoff_passes, -(-self.runoff_waves // waves))
+        return max(passes, self.switching_runoff_passes) if switching else passes
 
 
 @dataclass(frozen=True)
@@ -265,7 +272,7 @@ class SchedulerReport:
         for repeat in range(s.repeats):
             self._pass(adaptive, statics, waves, batch, measured, repeat, f"{kind} B={batch}", step)
         summary = self._summarise(kind, batch, len(prompts), measured)
-        if s.runoff_passes_for(len(waves)) > 0:
+        if s.runoff_passes_for(len(waves), _is_switching(kind)) > 0:
             summary["runoff"] = self._runoff(kind, waves, batch, measured, step)
         return summary
 
@@ -297,7 +304,7 @@ class SchedulerReport:
         top = sorted(configs[1:-1], key=lambda c: -speed[c])[: s.runoff_top]
         finalists = [target_only, *top]
         measured = {c: Measured() for c in [*finalists, adaptive]}
-        passes = s.runoff_passes_for(len(waves))
+        passes = s.runoff_passes_for(len(waves), _is_switching(kind))
         for repeat in range(passes):
             self._pass(adaptive, finalists, waves, batch, measured, s.repeats + repeat,
                        f"{kind} B={batch} run-off {repeat + 1}/{passes}", step)
@@ -326,6 +333,9 @@ class SchedulerReport:
                                       for c, m in measured.items()},
                 "static": statics, "best_static": {k: best[k] for k in ("chain", "window", "tokens_per_s")},
                 "adaptive_over_best_static": rate[adaptive] / best["tokens_per_s"],
+                # how far that ratio is to be trusted: the standard error of its log, from the waves' ratios
+                "adaptive_over_best_static_se": wave_ratio_se(
+                    measured[adaptive].waves, measured[finalists[statics.index(best)]].waves),
                 "adaptive_over_target_only": rate[adaptive] / rate[target_only],
                 "adaptive_beats_every_static": rate[adaptive] > best["tokens_per_s"]}
 
@@ -403,9 +413,9 @@ class SchedulerReport:
                 n = _requests(s.requests, batch)
                 plans.append((f"switching:{a}>{b}", _take(kinds[a], n) + _take(kinds[b], n), batch))
         total = 0
-        for _, texts, batch in plans:
+        for kind, texts, batch in plans:
             waves = -(-len(texts) // batch)
-            total += (s.repeats + s.runoff_passes_for(waves)) * waves
+            total += (s.repeats + s.runoff_passes_for(waves, _is_switching(kind))) * waves
         done = [0]
         started = time.perf_counter()
 
@@ -446,6 +456,7 @@ class SchedulerReport:
             "settings": {"batch_sizes": list(s.batch_sizes), "windows": list(s.windows),
                          "max_new_tokens": s.max_new_tokens, "repeats": s.repeats, "temperature": s.temperature,
                          "runoff_passes": s.runoff_passes, "runoff_waves": s.runoff_waves, "runoff_top": s.runoff_top,
+                         "switching_runoff_passes": s.switching_runoff_passes,
                          "models": self.models, "target": self.target},
             "checks": _checks(runs, _acceptance(pairs)),
         }
@@ -469,6 +480,16 @@ def held_out_best(waves: Sequence[Sequence[tuple[int, float]]]) -> float | None:
         tokens += waves[pick][u][0]
         seconds += waves[pick][u][1]
     return tokens / seconds
+
+
+def wave_ratio_se(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> float | None:
+    """The standard error of the mean log ratio of the speeds of two configurations' waves, paired wave by
+    wave ((tokens, seconds) each): about the relative standard error of the ratio of their speeds. None with
+    fewer than two waves."""
+    logs = [math.log((ta / sa) / (tb / sb)) for (ta, sa), (tb, sb) in zip(a, b) if min(ta, sa, tb, sb) > 0]
+    if len(logs) < 2:
+        return None
+    return statistics.stdev(logs) / math.sqrt(len(logs))
 
 
 def _t_eff(m: Measured) -> float | None:
@@ -515,6 +536,10 @@ def _outside_ms(m: Measured, batch: int) -> float | None:
     return sum(x for _, x in m.waves) * 1e3 / tokens - _t_eff(m) / batch
 
 
+def _is_switching(kind: str) -> bool:
+    return kind.startswith("switching:")
+
+
 def _requests(requests: int, batch: int) -> int:
     """At least `requests`, in whole waves of `batch`, and at least two waves (for the held-out best)."""
     return -(-max(requests, 2 * batch) // batch) * batch
@@ -545,8 +570,8 @@ def _checks(runs: list[dict], acceptance: list[dict]) -> dict:
     def judged(items: list, ok) -> bool | None:
         return all(ok(x) for x in items) if items else None
 
-    plain = [r for r in runs if not r["kind"].startswith("switching")]
-    switching = [r for r in runs if r["kind"].startswith("switching")]
+    plain = [r for r in runs if not _is_switching(r["kind"])]
+    switching = [r for r in runs if _is_switching(r["kind"])]
     in_use = [a for a in acceptance if a["in_use"] and a["predicted"] is not None]
     return {
         "adaptive_within_5pct_of_best_static": judged(plain, lambda r: decided(r, "adaptive_over_best_static") >= 0.95),
@@ -578,6 +603,9 @@ def format_report(report: dict) -> str:
                          f" fastest statics above): adaptive {ro['adaptive_tokens_per_s']:.1f} tok/s = "
                          f"{ro['adaptive_over_best_static']:.3f} x best static ({','.join(rb['chain'])} W{rb['window']} "
                          f"{rb['tokens_per_s']:.1f}), {ro['adaptive_over_target_only']:.3f} x target-only")
+            if ro.get("adaptive_over_best_static_se") is not None:
+                lines.append(f"    standard error of adaptive over the best static, from its waves' ratios: "
+                             f"{ro['adaptive_over_best_static_se']:.3f}")
             best_ro = next(x for x in ro["static"] if (x["chain"], x["window"]) == (rb["chain"], rb["window"]))
             if ro.get("adaptive_measured_t_eff_ms") and best_ro.get("measured_t_eff_ms"):
                 lines.append(f"    in the router's cycles: adaptive {_ms(ro['adaptive_measured_t_eff_ms'])} per token, "
