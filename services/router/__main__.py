@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     router.batcher.start()
     grpc_server, port, _ = srv.create_server(settings, router)
     grpc_server.start()
-    print(f"router listening on {settings.host}:{port}", flush=True)
+    # handlers before the "listening" line: a supervisor may stop the router as soon as it reads it
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    print(f"router listening on {settings.host}:{port}", flush=True)
     stop.wait()
     grpc_server.stop(settings.grace_s).wait()
     router.batcher.stop()

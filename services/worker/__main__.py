@@ -37,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     grpc_server.start()
     srv.warm_up(engine, info, settings.profile_batch_sizes, settings.profile_tokens_per_row)
     srv.mark_serving(health, True)
-    print(f"worker {info.model_name} listening on {settings.host}:{port}", flush=True)
-
+    # handlers before the "listening" line: a supervisor may stop the worker as soon as it reads it
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    print(f"worker {info.model_name} listening on {settings.host}:{port}", flush=True)
     reaper = threading.Thread(target=_reap, args=(engine, stop), daemon=True)
     reaper.start()
     stop.wait()
