@@ -367,7 +367,8 @@ class SchedulerReport:
         adaptive_tps = statistics.median(adaptive.tokens_per_s)
         ranked = [x for x in statics if x["predicted_t_eff_ms"] is not None and x["measured_t_eff_ms"] is not None]
         acceptance = _acceptance(adaptive.pairs)
-        held_out = held_out_best([m.waves for c, m in measured.items() if c.chain is not None])
+        picks = held_out_picks([m.waves for c, m in measured.items() if c.chain is not None])
+        held_out = sum(t for t, _ in picks) / sum(x for _, x in picks) if picks else None
         return {
             "kind": kind, "batch_size": batch, "requests": requests,
             "target_only_tokens_per_s": target_only["tokens_per_s"],
@@ -380,6 +381,8 @@ class SchedulerReport:
             # the best static as one picks it from data: per wave, the best of the other waves (no winner's curse)
             "held_out_best_static_tokens_per_s": held_out,
             "adaptive_over_held_out_best_static": adaptive_tps / held_out if held_out else None,
+            # a diagnostic of the screening's pick, not a check: a unit is one wave, two at batch 4
+            "adaptive_over_held_out_best_static_se": wave_ratio_se(adaptive.waves, picks) if picks else None,
             "adaptive": {"predicted_t_eff_ms": (adaptive.predicted_cycle_ms / adaptive.predicted_emitted
                                                 if adaptive.predicted_emitted else None),
                          "measured_t_eff_ms": _t_eff(adaptive), "cycles": adaptive.cycles,
@@ -462,8 +465,8 @@ class SchedulerReport:
         }
 
 
-def held_out_best(waves: Sequence[Sequence[tuple[int, float]]]) -> float | None:
-    """Tokens per second of the best static picked without looking at the wave it is measured on.
+def held_out_picks(waves: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]] | None:
+    """Per measured unit, the (tokens, seconds) of the best static picked without looking at that unit.
 
     `waves[c][u]` is configuration c's (tokens, seconds) in measured unit u (a wave of a pass). For every
     unit, the configuration fastest over all the other units is charged that unit's tokens and seconds.
@@ -474,12 +477,18 @@ def held_out_best(waves: Sequence[Sequence[tuple[int, float]]]) -> float | None:
     if units < 2:
         return None
     totals = [(sum(t for t, _ in w[:units]), sum(s for _, s in w[:units])) for w in waves]
-    tokens = seconds = 0.0
+    picks = []
     for u in range(units):
         pick = max(range(len(waves)), key=lambda c: (totals[c][0] - waves[c][u][0]) / (totals[c][1] - waves[c][u][1]))
-        tokens += waves[pick][u][0]
-        seconds += waves[pick][u][1]
-    return tokens / seconds
+        picks.append(waves[pick][u])
+    return picks
+
+
+def held_out_best(waves: Sequence[Sequence[tuple[int, float]]]) -> float | None:
+    """Tokens per second of the best static picked without looking at the wave it is measured on
+    (`held_out_picks`, over every unit). None with fewer than two units."""
+    picks = held_out_picks(waves)
+    return None if picks is None else sum(t for t, _ in picks) / sum(s for _, s in picks)
 
 
 def wave_ratio_se(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> float | None:
@@ -575,8 +584,6 @@ def _checks(runs: list[dict], acceptance: list[dict]) -> dict:
     in_use = [a for a in acceptance if a["in_use"] and a["predicted"] is not None]
     return {
         "adaptive_within_5pct_of_best_static": judged(plain, lambda r: decided(r, "adaptive_over_best_static") >= 0.95),
-        "adaptive_within_5pct_of_held_out_best_static": judged(
-            plain, lambda r: (r.get("adaptive_over_held_out_best_static") or 0) >= 0.95),
         "adaptive_at_most_3pct_slower_than_target_only": judged(
             plain, lambda r: decided(r, "adaptive_over_target_only") >= 0.97),
         "switching_adaptive_beats_every_static": judged(switching, lambda r: decided(r, "adaptive_beats_every_static")),
@@ -630,8 +637,11 @@ def format_report(report: dict) -> str:
                              f"{max(others, default=0):.1f} at most in the others'")
             _print_choices(lines, "    adaptive chose in the run-off", ro.get("adaptive_per_config", {}))
         if r["adaptive_over_held_out_best_static"] is not None:
+            se = r.get("adaptive_over_held_out_best_static_se")
             lines.append(f"  held-out best static {r['held_out_best_static_tokens_per_s']:8.1f} tok/s (picked on the other "
-                         f"waves): adaptive = {r['adaptive_over_held_out_best_static']:.3f} x")
+                         f"waves): adaptive = {r['adaptive_over_held_out_best_static']:.3f} x"
+                         + (f", standard error {se:.3f}" if se is not None else "")
+                         + " (the screening's pick; the run-off is checked)")
         _print_choices(lines, "  adaptive chose", a.get("per_config", {}))
         rho = r["rank_correlation"]
         lines.append(f"  rank correlation (predicted vs measured T_eff, {len(r['static'])} static): "
