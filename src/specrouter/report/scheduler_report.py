@@ -319,7 +319,7 @@ class SchedulerReport:
                     "measured_t_eff_ms": t_eff[c], "outside_cycles_ms_per_token": outside[c],
                     "cycles_by_rows": _by_rows(measured[c])}
                    for c in finalists]
-        best = max(statics, key=lambda x: x["tokens_per_s"])
+        best_config, best = max(zip(finalists, statics), key=lambda cx: cx[1]["tokens_per_s"])
         return {"passes": passes, "adaptive_tokens_per_s": rate[adaptive],
                 "adaptive_tokens_per_s_runs": measured[adaptive].tokens_per_s,
                 "adaptive_measured_t_eff_ms": t_eff[adaptive],
@@ -335,7 +335,7 @@ class SchedulerReport:
                 "adaptive_over_best_static": rate[adaptive] / best["tokens_per_s"],
                 # how far that ratio is to be trusted: the standard error of its log, from the waves' ratios
                 "adaptive_over_best_static_se": wave_ratio_se(
-                    measured[adaptive].waves, measured[finalists[statics.index(best)]].waves),
+                    measured[adaptive].waves, measured[best_config].waves),
                 "adaptive_over_target_only": rate[adaptive] / rate[target_only],
                 "adaptive_beats_every_static": rate[adaptive] > best["tokens_per_s"]}
 
