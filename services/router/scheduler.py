@@ -416,7 +416,6 @@ class Scheduler:
         self.planning_ns = 0                      # time spent planning, all threads
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
-        self._standing: Decision | None = None    # the pool's: the latest settled choice of any batch
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
         self._finish_reach = FINISH_HORIZON + max(self.settings.windows) + 1   # tokens left a finish is costed to
         self._stop = threading.Event()
@@ -808,39 +807,20 @@ class Scheduler:
                 self._last_explore_cycle = self._cycles
                 self.counts["explorations"] += 1
                 return explore
-        # a new batch starts from the pool's standing choice: its chain changes on the same margin as a
-        # running batch's, not on any margin (see `_settle`); a batch near its end (its rows' last
-        # cycles, where target-only often wins) sets no standing choice for the next
-        inherited = state.current is None and chain is None and self._standing is not None
-        current = self._standing if inherited else state.current
-        state.current = decision = self._settle(plan, current, candidates, rows, chain is None, score, scales,
-                                                inherited)
-        if chain is None and _tokens_left(rows) > self._finish_reach:   # a choice for the text, not the finish
-            self._standing = decision
+        state.current = decision = self._settle(plan, state.current, candidates, rows, chain is None, score, scales)
         return decision
 
     def _settle(self, plan: Plan, current: Decision | None, candidates: Sequence[Prediction], rows: Sequence[Row],
-                chain_free: bool, score: Score = _t_eff, scales: Mapping[str, float] = NO_SCALES,
-                inherited: bool = False) -> Decision:
+                chain_free: bool, score: Score = _t_eff, scales: Mapping[str, float] = NO_SCALES) -> Decision:
         """The hysteresis: the standing choice, its window moved or its chain switched only when worth it.
         `candidates`: the allowed predictions in increasing order of a lower bound of `score` (their scaled
-        T_eff), so that the least score is found scoring only those whose bound is below it.
-
-        A new batch's standing choice is the pool's (the latest settled choice of any batch). Each request
-        of a one-row stream is a new batch, and with none it took whatever ranked first: on a stream that
-        changes kind, while the pool's rates were still those of the text before and an unused pair's
-        estimate had faded back to its prior, 5m -> 29m ranked a little ahead of 1m -> 29m and ran whole
-        requests, about 110 cycles of a switching run-off, in waves 18-31% slower than the static's
-        (README, run 24); within one request the chain would have needed `chain_hysteresis` to change.
-        `inherited`: `current` is the pool's, whose chain alone stands (its best window, no switch counted)."""
+        T_eff), so that the least score is found scoring only those whose bound is below it."""
         s = self.settings
         best = _least(candidates, score, scales)
         kept = None if current is None else plan.by_key.get((current.chain, current.window))
         same = None if kept is None else _least([p for p in candidates if p.chain == kept.chain], score, scales)
-        if inherited and same is not None:
-            kept = same
         if kept is None or same is None:   # nothing standing, or its chain is not allowed any more
-            if current is not None and not inherited and (current.chain, current.window) != (best.chain, best.window):
+            if current is not None and (current.chain, current.window) != (best.chain, best.window):
                 self.counts["switches"] += 1
             return Decision(best.chain, best.window, best)
         # the standing chain at its best allowed window, if that is worth moving to (or kept no longer fits)
@@ -854,7 +834,7 @@ class Scheduler:
             margin = s.chain_hysteresis if set(best.chain) - set(kept.chain) else s.hysteresis
             if best_t < score(target) * (1 - margin):
                 target = best
-        if target is not kept and not inherited:
+        if target is not kept:
             self.counts["switches"] += 1
         return Decision(target.chain, target.window, target)
 

@@ -139,37 +139,6 @@ def test_a_chain_switch_needs_more_than_a_window_change() -> None:
     assert sched.choose(batch) == (("b", "t"), in_b[0].window)
 
 
-def test_a_new_request_keeps_the_pools_chain_unless_another_is_worth_a_chain_switch() -> None:
-    """Each request of a one-row stream is a new batch: it starts from the chain the pool settled on last
-    (at that chain's best window), and moves to another only on `chain_hysteresis`, as a running batch
-    would. A request's last cycles (target-only often wins there) leave the next request free."""
-    from specrouter.router.scheduler import Decision
-
-    acceptance = {("a", "t"): 0.8, ("b", "t"): 0.8, ("a", "b"): 0.5, ("b", "a"): 0.5}
-    probe, _ = make(acceptance, explore_after_s=1e9)
-    plan = probe.plan(1, 0)
-    best = plan.predictions[0]
-    in_b = sorted((p for p in plan.predictions if p.chain == ("b", "t")), key=lambda p: p.t_eff_ns)
-    gain = 1 - best.t_eff_ns / in_b[0].t_eff_ns
-    assert best.chain == ("a", "t") and 0.05 < gain < 0.9
-    for chain_hysteresis, expected in ((gain + 0.02, ("b", "t")), (gain - 0.02, ("a", "t"))):
-        sched, _ = make(acceptance, explore_after_s=1e9, chain_hysteresis=chain_hysteresis)
-        sched._standing = Decision(in_b[-1].chain, in_b[-1].window, in_b[-1])   # another request ran (b, t)
-        chain, window = sched.choose(FakeBatch(1))
-        assert chain == expected
-        assert window == (in_b[0].window if chain == ("b", "t") else best.window)
-        assert sched.counts["switches"] == 0            # a new request's first choice is no switch
-        assert sched._standing.chain == expected        # ... and is the pool's standing choice now
-
-    sched, _ = make(acceptance, explore_after_s=1e9, chain_hysteresis=0.99)
-    ending = FakeBatch(1)
-    row = next(iter(ending.rows.values()))
-    row.tokens += [7] * (row.max_new_tokens - 2)       # two tokens left
-    sched.choose(ending)
-    assert sched._standing is None
-    assert sched.choose(FakeBatch(1)) == (best.chain, best.window)
-
-
 def test_a_switch_near_the_end_of_the_batch_does_not_pay_for_its_catch_up() -> None:
     acceptance = {("a", "t"): 0.6, ("b", "t"): 0.9, ("a", "b"): 0.5, ("b", "a"): 0.5}
     decisions = {}
