@@ -367,8 +367,8 @@ class SchedulerReport:
         adaptive_tps = statistics.median(adaptive.tokens_per_s)
         ranked = [x for x in statics if x["predicted_t_eff_ms"] is not None and x["measured_t_eff_ms"] is not None]
         acceptance = _acceptance(adaptive.pairs)
-        picks = held_out_picks([m.waves for c, m in measured.items() if c.chain is not None])
-        held_out = sum(t for t, _ in picks) / sum(x for _, x in picks) if picks else None
+        static_waves = [m.waves for c, m in measured.items() if c.chain is not None]
+        picks, held_out = held_out_picks(static_waves), held_out_best(static_waves)
         return {
             "kind": kind, "batch_size": batch, "requests": requests,
             "target_only_tokens_per_s": target_only["tokens_per_s"],
