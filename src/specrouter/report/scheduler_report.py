@@ -308,7 +308,7 @@ class SchedulerReport:
         for repeat in range(passes):
             self._pass(adaptive, finalists, waves, batch, measured, s.repeats + repeat,
                        f"{kind} B={batch} run-off {repeat + 1}/{passes}", step)
-        rate = {c: sum(t for t, _ in m.waves) / sum(x for _, x in m.waves) for c, m in measured.items()}
+        rate = {c: units_rate(m.waves) for c, m in measured.items()}
         # where the time went: the router's cycles (T_eff, ms per token of a row) and the rest of the
         # client's time per token (prefill, admission, the wave's wait for its last row); a configuration
         # that wins in its cycles and loses at the client loses outside them
@@ -368,7 +368,8 @@ class SchedulerReport:
         ranked = [x for x in statics if x["predicted_t_eff_ms"] is not None and x["measured_t_eff_ms"] is not None]
         acceptance = _acceptance(adaptive.pairs)
         static_waves = [m.waves for c, m in measured.items() if c.chain is not None]
-        picks, held_out = held_out_picks(static_waves), held_out_best(static_waves)
+        picks = held_out_picks(static_waves)
+        held_out = units_rate(picks) if picks else None
         return {
             "kind": kind, "batch_size": batch, "requests": requests,
             "target_only_tokens_per_s": target_only["tokens_per_s"],
@@ -488,7 +489,12 @@ def held_out_best(waves: Sequence[Sequence[tuple[int, float]]]) -> float | None:
     """Tokens per second of the best static picked without looking at the wave it is measured on
     (`held_out_picks`, over every unit). None with fewer than two units."""
     picks = held_out_picks(waves)
-    return None if picks is None else sum(t for t, _ in picks) / sum(s for _, s in picks)
+    return None if picks is None else units_rate(picks)
+
+
+def units_rate(units: Sequence[tuple[int, float]]) -> float:
+    """Tokens per second over measured units, each (tokens, seconds)."""
+    return sum(t for t, _ in units) / sum(s for _, s in units)
 
 
 def wave_ratio_se(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]) -> float | None:
