@@ -14,7 +14,9 @@ those that name the window, the best chain at it. On top of the ranking:
   positions get measured too), at most once every `explore_every_cycles` cycles of the router. A while
   is `explore_after_s` for a pair whose best chain is predicted within `explore_gap` of the best, and
   proportionally longer for one further behind (up to `explore_after_max_s`): its estimate would have
-  to be that much off to matter, and each exploration costs a slower cycle and a catch-up;
+  to be that much off to matter, and each exploration costs a slower cycle and a catch-up. An overdue
+  pair waits for a batch whose rows its chain's models have all seen (at batch 1, a request's first
+  cycle: every model prefilled it), up to `explore_patience` times its wait, so that it pays no catch-up;
 - fit: no window is longer than the most tokens a row has left to emit (a cycle emits at most window + 1;
   more is drafted and verified for nothing), unless the requests named it;
 - batches draft at most `batch_max_window` tokens (unless the requests named the window): the tail
@@ -144,6 +146,9 @@ class SchedulerSettings(BaseModel):
     explore_gap: float = 0.10           # a pair whose best chain is predicted g slower than the best waits
                                         # explore_after_s * g / explore_gap (0: every pair explore_after_s)
     explore_after_max_s: float = 120.0  # ... but never longer than this
+    explore_patience: float = Field(2.0, ge=1.0)  # an overdue pair waits for a batch its chain runs without
+                                        # catch-up (its models saw every row's tokens: at batch 1, a request's
+                                        # first cycle) until it is this many times its wait overdue
     prior_weight: float = 16.0          # pseudo-checks of the similarity prior in a position's rate
     recent_cycles: float = 50.0         # a pair's measurements fade from its estimate over this many
                                         # reports of the pool run without it (estimates.RecentReports)
@@ -852,15 +857,19 @@ class Scheduler:
                 age = now - self._pair_seen_at.get((d, v, mode), -math.inf)
                 if age >= wait:
                     stale.append((age / max(wait, 1e-9), (d, v, mode)))
-        if not stale:
-            return None
-        _, (d, v, mode) = max(stale)   # the most overdue
-        for p in plan.predictions:   # the best-ranked chain with the pair, at its window + extra
-            if (d, v) in chain_pairs(p.chain):
-                window = min(max(s.windows), p.window + s.explore_extra_window)
-                prediction = plan.by_key.get((p.chain, window), p)
-                self._pair_seen_at[(d, v, mode)] = now   # asked for; the snapshot confirms it later
-                return Decision(p.chain, window, prediction)
+        # the most overdue first, in the best-ranked chain that holds it, at its window + extra; a chain whose
+        # models missed tokens of the rows must feed them first (the catch-up), which can cost more than the
+        # exploration cycle itself (on the demo pool at batch 1, exploration cycles ran 56-83 ms on a
+        # request's first cycle and 140-240 ms some 30-40 tokens in), so it waits for a batch with none, up
+        # to `explore_patience` times overdue
+        for overdue, (d, v, mode) in sorted(stale, reverse=True):
+            p = next((p for p in plan.predictions if (d, v) in chain_pairs(p.chain)), None)
+            if p is None or (overdue < s.explore_patience and self._catch_up_ns(plan, p.chain, rows) > 0):
+                continue
+            window = min(max(s.windows), p.window + s.explore_extra_window)
+            prediction = plan.by_key.get((p.chain, window), p)
+            self._pair_seen_at[(d, v, mode)] = now   # asked for; the snapshot confirms it later
+            return Decision(p.chain, window, prediction)
         return None
 
     def _exploration_wait(self, plan: Plan, pair: tuple[str, str]) -> float:

@@ -170,6 +170,33 @@ def test_unmeasured_pairs_are_explored_then_left_alone() -> None:
     assert all(later - earlier >= 10 for earlier, later in zip(gaps, gaps[1:]))
 
 
+def test_an_exploration_waits_for_a_batch_without_catch_up() -> None:
+    """An overdue pair is explored in a batch whose rows its chain's models have all seen (a new request),
+    not in one where a model that sat out must first feed the tokens it missed; past `explore_patience`
+    times overdue it is explored anyway."""
+    clock = Clock()
+    sched, _ = make({("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}, clock,
+                    explore_after_s=5.0, explore_gap=0.0, explore_every_cycles=1, explore_patience=2.0)
+    running = FakeBatch(1)
+    row = next(iter(running.rows.values()))
+    for pair in sched.pairs:      # every pair measured now
+        sched._pair_seen_at[(*pair, "greedy")] = clock.now
+    assert sched.choose(running)[0] == ("a", "t")
+    row.tokens += list(range(4, 44))   # 40 tokens on, drafted by a: b has not seen them
+    row.seen = {"a": len(row.tokens) - 1, "t": len(row.tokens) - 1, "b": 2}
+    clock.now += 6.0               # every pair but (a, t) overdue, none twice over
+    sched._pair_seen_at[("a", "t", "greedy")] = clock.now   # the standing chain's cycles measure it
+    assert sched.choose(running)[0] == ("a", "t")
+    assert sched.counts["explorations"] == 0
+    fresh = FakeBatch(1)           # a new request: every model prefilled it
+    assert "b" in sched.choose(fresh)[0]
+    assert sched.counts["explorations"] == 1
+    clock.now += 6.0               # the others now twice overdue: explored even with the catch-up
+    sched._pair_seen_at[("a", "t", "greedy")] = clock.now
+    assert "b" in sched.choose(running)[0]
+    assert sched.counts["explorations"] == 2
+
+
 def test_pairs_far_behind_are_explored_less_often() -> None:
     """Every pair measured at the start; then a pair waits explore_after_s times its best chain's
     predicted gap over explore_gap before it is explored again, and the closest competitor goes first."""
