@@ -50,6 +50,18 @@ CALIBRATION_WEIGHT_CAP = 256  # checks beyond which a pair weighs no more in the
 CALIBRATION_SLOPE_SPREAD = 0.1  # the calibration's slope is shrunk towards 1 over this much similarity
 
 
+def logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
+
+
+def shifted(rate: float, log_odds: float) -> float:
+    """`rate` moved by `log_odds` on the logit scale (0 and 1 stay put)."""
+    if log_odds == 0 or rate <= 0.0 or rate >= 1.0:
+        return rate
+    return 1 / (1 + math.exp(-(logit(rate) + log_odds)))
+
+
 @dataclass(frozen=True)
 class Calibration:
     """acceptance ~ intercept + slope * similarity, clipped to [0, 1]."""
@@ -129,8 +141,11 @@ class RecentReports:
 class AcceptanceEstimates:
     def __init__(self, snapshot: ppb.SnapshotResponse | None, offline: Iterable[PairSimilarity] = (),
                  prior_weight: float = 16.0, default_acceptance: float = 0.5,
-                 recent: Mapping[tuple[Pair, int], float] | None = None):
-        """`recent`: `RecentReports.shares()`; without it, each position's share of its pair's reports."""
+                 recent: Mapping[tuple[Pair, int], float] | None = None,
+                 text_shift: Mapping[Pair, float] | None = None):
+        """`recent`: `RecentReports.shares()`; without it, each position's share of its pair's reports.
+        `text_shift`: per pair, log-odds its measured rates move by to describe the text the pool runs now
+        rather than the text they were measured on (the scheduler's `text_shifts`)."""
         self.prior_weight = prior_weight
         self.default_acceptance = default_acceptance
         self.observed: dict[Pair, dict[int, PositionRate]] = {}
@@ -152,7 +167,8 @@ class AcceptanceEstimates:
                     # much longer ago
                     share = recent.get((pair, a.position), 0.0) if recent is not None else a.samples / reports[pair]
                     checks *= share
-                    self.observed.setdefault(pair, {})[a.position] = PositionRate(a.ema_acceptance_rate, checks)
+                    rate = shifted(a.ema_acceptance_rate, text_shift.get(pair, 0.0)) if text_shift else a.ema_acceptance_rate
+                    self.observed.setdefault(pair, {})[a.position] = PositionRate(rate, checks)
             for s in snapshot.similarity:
                 if s.mode in _MODES:
                     self.live_similarity[(s.drafter, s.verifier, _MODES[s.mode])] = s.ema_similarity

@@ -79,7 +79,11 @@ in log-odds, within `prompt_odds_cap`. One prompt's agreement is a noisy guess a
 from another well: each row's is shrunk by `prompt_prior_positions` towards that of the recent rows (an
 EMA with `prompt_recent_alpha` per check). When the workload changes kind, the pool's rates take a few
 hundred checks to follow; the shift stands in meanwhile and fades as they catch up. The record above is
-kept against the plan with this shift, so it corrects what the prompt got wrong.
+kept against the plan with this shift, so it corrects what the prompt got wrong. A pair the batches
+stopped running keeps the rates of the text it ran last, which the shift, weighted by the pairs' recent
+use, does not correct: so each pair's measured rates are moved by `text_slope` times the log-odds
+between the agreement of the rows the pool runs now and that of the rows the pair ran
+(`text_shifts`), which is nothing for a pair in use.
 
 Forward times depend on more than the batch size and tokens per row the profiler keys them by: a
 pass over long contexts (a prompt of literal tables) costs the target twice what a short one does, and
@@ -121,7 +125,8 @@ from specrouter.pool.similarity import PairSimilarity
 from specrouter.profiler.metrics import EmaConstants, bucket
 from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.cost_model import LatencyTable, Prediction, RowGroup, best_finish, finish_excess, predict, tail_factor
-from specrouter.router.estimates import GREEDY, SAMPLING, AcceptanceEstimates, Pair, RecentReports, latency_table
+from specrouter.router.estimates import (GREEDY, SAMPLING, AcceptanceEstimates, Pair, RecentReports, latency_table,
+                                         logit, shifted)
 from specrouter.v1 import profiler_pb2 as ppb
 
 log = logging.getLogger(__name__)
@@ -166,6 +171,9 @@ class SchedulerSettings(BaseModel):
     prompt_prior_positions: float = Field(128.0, ge=0.0)  # pseudo-positions at the recent rows' agreement in a row's
     prompt_recent_alpha: float = Field(0.05, gt=0.0, le=1.0)  # EMA constant per check of the recent rows' agreement
     prompt_odds_cap: float = Field(1.5, ge=0.0)  # ... and by at most this much either way
+    text_slope: float = Field(1.0, ge=0.0)   # a pair's measured rates move by this times the log-odds between
+                                        # the prompt agreement of the rows the pool runs now and of those
+                                        # the pair ran (within prompt_odds_cap; 0: never)
     tail_weight: float = Field(1.0, ge=0.0)   # weight of the overshoot and the rows' finishing spread (0: T_eff only)
     batch_max_window: int = Field(6, ge=1)    # longest window for a batch of two rows or more, unless named
     context_alpha: float = 0.1          # EMA constant of forward times over the latency table's, per context length
@@ -203,18 +211,6 @@ def chain_pairs(chain: Sequence[str]) -> list[tuple[str, str]]:
     return list(zip(chain[:-1], chain[1:]))
 
 
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-4), 1 - 1e-4)
-    return math.log(p / (1 - p))
-
-
-def shifted(rate: float, log_odds: float) -> float:
-    """`rate` moved by `log_odds` on the logit scale (0 and 1 stay put)."""
-    if log_odds == 0 or rate <= 0.0 or rate >= 1.0:
-        return rate
-    return 1 / (1 + math.exp(-(_logit(rate) + log_odds)))
-
-
 def batch_shift(rows: Sequence[Row], prior_checks: float, step: float, down: float, up: float) -> int:
     """The batch's acceptance against the pool's prediction, as a log-odds shift in whole `step`s.
 
@@ -232,7 +228,7 @@ def batch_shift(rows: Sequence[Row], prior_checks: float, step: float, down: flo
     pi = p_acc / p_tried
     prior = prior_checks * len(rows)
     rho = (acc + prior * pi) / (tried + prior)
-    shift = max(-down, min(up, _logit(rho) - _logit(pi)))
+    shift = max(-down, min(up, logit(rho) - logit(pi)))
     return int(round(shift / step))
 
 
@@ -407,6 +403,8 @@ class Scheduler:
         self._acceptance_alpha = EmaConstants.acceptance_alpha
         self._prompt_ref: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self._acceptance_alpha))
         self._prompt_recent: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self.settings.prompt_recent_alpha))
+        # ... and the agreement of every row the pool runs, whichever chain: the text it serves now
+        self._prompt_text: dict[Pair, _Ema] = defaultdict(lambda: _Ema(self._acceptance_alpha))
         alpha = self.settings.overhead_alpha
         # (model, batch size rounded up to a power of two, passes) -> the call's wall time beyond its passes
         self._call_overhead: dict[tuple[str, int, int], _Ema] = defaultdict(lambda: _Ema(alpha))
@@ -571,7 +569,8 @@ class Scheduler:
         inputs = self._inputs
         if inputs is None or inputs[0] != version:   # one snapshot's estimates serve every composition
             inputs = self._inputs = (version, AcceptanceEstimates(snapshot, self._offline, s.prior_weight,
-                                                                  s.default_acceptance, self._shares),
+                                                                  s.default_acceptance, self._shares,
+                                                                  self.text_shifts()),
                                      latency_table(snapshot, self._warmup))
         _, estimates, latency = inputs
         batch = greedy_rows + sampling_rows
@@ -695,7 +694,7 @@ class Scheduler:
                 prior = recent.get(pool) if recent is not None else pool
                 same, n = hit
                 rate = (same + s.prompt_prior_positions * prior) / (n + s.prompt_prior_positions)
-                num += weight * (_logit(rate) - _logit(pool))
+                num += weight * (logit(rate) - logit(pool))
                 den += weight
             if den > 0:
                 total += num / den
@@ -707,8 +706,39 @@ class Scheduler:
         ref = self._prompt_ref.get(pair)
         return ref.get() if ref is not None and ref.weight > 0 else None
 
+    def text_shifts(self) -> dict[Pair, float]:
+        """Per pair, the log-odds its measured rates move by to describe the text the pool runs now:
+        `text_slope` times logit(agreement of the rows the pool runs now) - logit(agreement of the rows
+        the pair's rates were measured on), within `prompt_odds_cap`; 0 where either is unknown.
+
+        The profiler's rates of a pair are of the text the pair last ran on, and a pair the batches
+        stopped running keeps them while the text changes: on the switching stream (report, batch 1) 5m ->
+        29m held the rates of the tables it last ran on, 0.81-0.90 at position 0, through the first prose
+        requests while 1m -> 29m, running, fell from 0.89 to 0.72, and six of those requests ran on 5m at
+        windows 2-5, at 0.82 of the fastest static's speed (geometric mean; 0.64-1.12). Both agreements are EMAs over the same kind of count, one per row
+        and cycle (the pool's over every cycle, the pair's over those that checked it), so for a pair in
+        use the two are alike and its rates stay as measured."""
+        slope, cap = self.settings.text_slope, self.settings.prompt_odds_cap
+        if slope <= 0:
+            return {}
+        out = {}
+        for pair, ref in list(self._prompt_ref.items()):
+            now = self._prompt_text.get(pair)
+            if ref.weight > 0 and now is not None and now.weight > 0:
+                out[pair] = max(-cap, min(cap, slope * (logit(now.get()) - logit(ref.get()))))
+        return out
+
     def _observe_prompts(self, report: CycleReport, rows: Sequence[Row]) -> None:
-        """The pool's prompt agreement per pair: each row's, once per check at position 0 it ran."""
+        """The pool's prompt agreement per pair: each row's, once per check at position 0 it ran; and the
+        text the pool runs, every row's once per cycle for every pair."""
+        for r in rows:
+            mode = GREEDY if r.sampling.greedy else SAMPLING
+            for d, v in self.pairs:
+                hit = r.prompt_agreement.get((d, v))
+                if hit is not None and hit[1]:
+                    text = self._prompt_text[(d, v, mode)]
+                    text.alpha = self._acceptance_alpha
+                    text.add(hit[0] / hit[1])
         for d, v in chain_pairs(report.chain):
             for r_index, r in enumerate(rows):
                 hit = r.prompt_agreement.get((d, v))

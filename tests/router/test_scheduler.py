@@ -925,6 +925,41 @@ def test_a_batch_is_planned_for_how_its_prompts_compare_with_the_pools() -> None
     assert sched._prompt_shift(list(easy.rows.values())) == 0
 
 
+def test_a_pair_left_on_other_text_has_its_rates_moved_to_the_text_now() -> None:
+    """A pair's rates are of the rows it ran; when the pool goes on to rows its models agree on less
+    (another kind of text) without it, its measured rates move down by the log-odds between the two
+    agreements (within prompt_odds_cap), while those of the pair in use, measured on those rows, stay."""
+    clock = Clock()
+    acceptance = {("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}
+    sched, holder = make(acceptance, clock, explore_after_s=1e9, recompute_s=0.0)
+    sched.plan(1, 0)                                   # reads the snapshot (acceptance_alpha 0.01)
+    tables, prose = _agreeing(FakeBatch(1), 90), _agreeing(FakeBatch(1), 60)
+    for chain in (("a", "t"), ("b", "t")):             # both ran on tables
+        for _ in range(400):
+            rows = list(tables.rows.values())
+            sched.observe(_prompt_cycle(chain, rows), rows, 1_000_000, True)
+    assert max(abs(x) for x in sched.text_shifts().values()) < 0.05
+    for _ in range(1500):                              # then the pool runs prose on (a, t) alone
+        rows = list(prose.rows.values())
+        sched.observe(_prompt_cycle(("a", "t"), rows), rows, 1_000_000, True)
+    shifts = sched.text_shifts()
+    assert shifts[("a", "t", "greedy")] == pytest.approx(0.0, abs=0.02)
+    # (b, t) still holds the tables' agreement: logit(0.6) - logit(~0.9), about -1.8, capped at 1.5
+    want = max(-1.5, math.log(0.6 / 0.4) - math.log(0.9 / 0.1))
+    assert shifts[("b", "t", "greedy")] == pytest.approx(want, abs=0.05)
+    holder["snapshot"] = snapshot(acceptance)          # the next snapshot: estimates made afresh
+    clock.now += 1
+    estimates = sched.plan(1, 0).estimates
+    assert estimates.observed[("a", "t", "greedy")][0].rate == pytest.approx(0.9, abs=0.005)
+    moved = 1 / (1 + math.exp(-(math.log(9) + shifts[("b", "t", "greedy")])))
+    assert estimates.observed[("b", "t", "greedy")][0].rate == pytest.approx(moved) and moved < 0.8
+    # with text_slope 0 the rates stay as measured
+    still, _ = make(acceptance, explore_after_s=1e9, text_slope=0.0)
+    still._prompt_ref, still._prompt_text = sched._prompt_ref, sched._prompt_text
+    assert still.text_shifts() == {}
+    assert still.plan(1, 0).estimates.observed[("b", "t", "greedy")][0].rate == pytest.approx(0.9)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="a thread's own niceness is Linux's")
 @pytest.mark.parametrize("nice", [0, 7])
 def test_the_planner_thread_runs_nicer_than_the_router(nice: int) -> None:
