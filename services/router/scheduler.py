@@ -715,9 +715,12 @@ class Scheduler:
         stopped running keeps them while the text changes: on the switching stream (report, batch 1) 5m ->
         29m held the rates of the tables it last ran on, 0.81-0.90 at position 0, through the first prose
         requests while 1m -> 29m, running, fell from 0.89 to 0.72, and six of those requests ran on 5m at
-        windows 2-5, at 0.82 of the fastest static's speed (geometric mean; 0.64-1.12). Both agreements are EMAs over the same kind of count, one per row
-        and cycle (the pool's over every cycle, the pair's over those that checked it), so for a pair in
-        use the two are alike and its rates stay as measured."""
+        windows 2-5, at 0.82 of the fastest static's speed (geometric mean; 0.64-1.12). Both agreements
+        are EMAs over the same kind of count, one per row and cycle (the pool's over every cycle that
+        drafted, the pair's over those that checked it), so for the pair in use they are one and its
+        rates stay as measured. Cycles of the target alone are left out of both: in the report a
+        target-only request runs 48 cycles against 10-20 for a chain, and counted in the pool's alone
+        they would weigh the latest prompts more there than in the pair's, and shift the pair in use."""
         slope, cap = self.settings.text_slope, self.settings.prompt_odds_cap
         if slope <= 0:
             return {}
@@ -730,8 +733,11 @@ class Scheduler:
 
     def _observe_prompts(self, report: CycleReport, rows: Sequence[Row]) -> None:
         """The pool's prompt agreement per pair: each row's, once per check at position 0 it ran; and the
-        text the pool runs, every row's once per cycle for every pair."""
-        for r in rows:
+        text the pool drafts on, every row's once per cycle it drafted in, for every pair (so that for the
+        pair the pool runs the two are one EMA; a cycle of the target alone moves neither)."""
+        for r_index, r in enumerate(rows):
+            if not any(counts[r_index] for counts in report.proposed.values()):
+                continue
             mode = GREEDY if r.sampling.greedy else SAMPLING
             for d, v in self.pairs:
                 hit = r.prompt_agreement.get((d, v))
