@@ -167,7 +167,7 @@ class AcceptanceEstimates:
                     # much longer ago
                     share = recent.get((pair, a.position), 0.0) if recent is not None else a.samples / reports[pair]
                     checks *= share
-                    rate = shifted(a.ema_acceptance_rate, text_shift.get(pair, 0.0)) if text_shift else a.ema_acceptance_rate
+                    rate = shifted(a.ema_acceptance_rate, (text_shift or {}).get(pair, 0.0))   # unmoved at 0
                     self.observed.setdefault(pair, {})[a.position] = PositionRate(rate, checks)
             for s in snapshot.similarity:
                 if s.mode in _MODES:
