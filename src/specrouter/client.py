@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
+from google.protobuf.descriptor import FieldDescriptor
 
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
@@ -111,16 +112,27 @@ class ModelInfo:
 def _request(prompt: str, max_new_tokens: int | None = None, temperature: float = 0.0, top_p: float | None = None,
              top_k: int = 0, repetition_penalty: float | None = None, seed: int | None = None,
              stop: Sequence[str] = (), chain: str = "auto", window: int = 0) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(prompt=prompt, temperature=temperature, top_k=top_k, stop=list(stop),
-                                 chain=chain, window=window)
-    if max_new_tokens is not None:
-        request.max_new_tokens = max_new_tokens
-    if top_p is not None:
-        request.top_p = top_p
-    if repetition_penalty is not None:
-        request.repetition_penalty = repetition_penalty
-    if seed is not None:
-        request.seed = seed
+    """The request message; a value its field cannot hold (a negative count, a seed past 64 bits, a
+    string where a number goes) is refused here, by name, as the router refuses the values it can hold."""
+    fields = dict(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                  top_k=top_k, repetition_penalty=repetition_penalty, seed=seed, chain=chain, window=window)
+    request = pb.GenerateRequest()
+    for name, value in fields.items():
+        if value is None:   # optional fields left unset take the router's defaults
+            continue
+        try:
+            setattr(request, name, value)
+        except (TypeError, ValueError) as exc:
+            kind = request.DESCRIPTOR.fields_by_name[name].type
+            unsigned = kind in (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64)
+            hint = " (it cannot be negative)" if unsigned and isinstance(value, int) and value < 0 else ""
+            raise InvalidRequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                                      f"{name}={value!r} cannot be sent{hint}: {exc}") from None
+    try:
+        request.stop.extend([stop] if isinstance(stop, str) else stop)   # one stop string, or several
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"stop must be a list of strings, got {stop!r}: {exc}") from None
     return request
 
 

@@ -233,6 +233,11 @@ BAD = [
     (dict(chain="nosuchmodel,stdlib-29m"), "unknown model"),
     (dict(chain="stdlib-1m"), "must end at the target"),
     (dict(window=99), "window"),
+    # values the wire cannot carry are refused by the client, by name, before any call
+    (dict(max_new_tokens=-1), "max_new_tokens=-1 cannot be sent (it cannot be negative)"),
+    (dict(window=-2), "window=-2 cannot be sent (it cannot be negative)"),
+    (dict(seed=2**70), "seed="),
+    (dict(temperature="hot"), "temperature='hot'"),
 ]
 
 
@@ -243,6 +248,12 @@ def test_bad_input_is_refused_with_a_useful_message(client, change, words) -> No
         client.generate(params.pop("prompt"), **params)
     assert words in err.value.message
     assert client.generate("def g(y):", max_new_tokens=2).token_ids  # still serving
+
+
+def test_one_stop_string_is_one_stop_sequence() -> None:
+    from specrouter.client import _request
+    assert list(_request("x", stop="\n\n").stop) == ["\n\n"]
+    assert list(_request("x", stop=["a", "bc"]).stop) == ["a", "bc"]
 
 
 def test_malformed_utf8_is_refused(cluster, client) -> None:
