@@ -211,13 +211,17 @@ def up(
     typer.echo("stopped", err=True)
 
 
-def _int_list(text: str, name: str, empty: bool = False) -> list[int]:
+def _int_list(text: str, name: str, empty: bool = False, most: int | None = None) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         _fail("INVALID_ARGUMENT", f"--{name} takes integers separated by commas, got {text!r}")
-    if (not values and not empty) or min(values, default=1) < 1:
-        _fail("INVALID_ARGUMENT", f"--{name} needs at least one integer >= 1, got {text!r}")
+    if not values and not empty:
+        _fail("INVALID_ARGUMENT", f"--{name} needs at least one integer, got {text!r}")
+    wrong = [v for v in values if v < 1 or (most is not None and v > most)]
+    if wrong:
+        bounds = f"from 1 to {most}" if most is not None else ">= 1"
+        _fail("INVALID_ARGUMENT", f"--{name} takes integers {bounds}, got {', '.join(map(str, wrong))} in {text!r}")
     return values
 
 
@@ -227,7 +231,7 @@ def scheduler_report(
                                             "code, repetitive and prose workloads)."),
     batch_sizes: str = typer.Option("1,4,16", help="Requests in flight at a time, comma separated ('' with "
                                                    "--switching: the switching run alone)."),
-    windows: str = typer.Option("1,2,3,4,5,6,7,8", help="Draft windows of the static configurations."),
+    windows: str = typer.Option("1,2,3,4,5,6,7,8", help="Draft windows of the static configurations (1 to 16)."),
     max_new_tokens: int = typer.Option(48, help="Tokens per request."),
     repeats: int = typer.Option(1, help="Measured passes over every configuration (median reported)."),
     runoff_passes: int = typer.Option(2, help="Further passes of adaptive, target-only and the fastest statics, "
@@ -253,12 +257,14 @@ def scheduler_report(
     import json
     import tempfile
 
+    from specrouter.client import SpecRouterError
     from specrouter.report import workloads
     from specrouter.report.scheduler_report import ReportSettings, SchedulerReport, format_report, log_line
+    from specrouter.router.requests import MAX_WINDOW
 
     _logging(verbose)
-    if repeats < 1 or max_new_tokens < 1 or runoff_top < 1:
-        _fail("INVALID_ARGUMENT", "--repeats, --max-new-tokens and --runoff-top must be >= 1")
+    if min(repeats, max_new_tokens, runoff_top, requests, per_kind) < 1:
+        _fail("INVALID_ARGUMENT", "--repeats, --max-new-tokens, --runoff-top, --requests and --per-kind must be >= 1")
     if runoff_passes < 0 or runoff_waves < 0 or switching_runoff_passes < 0:
         _fail("INVALID_ARGUMENT", "--runoff-passes, --runoff-waves and --switching-runoff-passes must be >= 0 "
               "(--runoff-passes 0: no run-off)")
@@ -275,7 +281,7 @@ def scheduler_report(
     kinds = {p.kind for p in items}
     if pair and not set(pair) <= kinds:
         _fail("INVALID_ARGUMENT", f"--switching {switching!r} names kinds not among the prompts' {sorted(kinds)}")
-    settings = ReportSettings(batch_sizes=_int_list(batch_sizes, "batch-sizes", empty=pair is not None), windows=_int_list(windows, "windows"),
+    settings = ReportSettings(batch_sizes=_int_list(batch_sizes, "batch-sizes", empty=pair is not None), windows=_int_list(windows, "windows", most=MAX_WINDOW),
                               max_new_tokens=max_new_tokens, repeats=repeats, requests=requests,
                               temperature=temperature, switching=pair, runoff_passes=runoff_passes,
                               runoff_top=runoff_top, runoff_waves=runoff_waves,
@@ -291,6 +297,8 @@ def scheduler_report(
                                    port=0, redis_url=redis_url, on_start=lambda s: log_line(f"{s.name} up at {s.address}"))
             router = cluster.router.address
         report = SchedulerReport(router, settings, say=log_line).run(items)
+    except SpecRouterError as exc:   # a router (given with --router) that refuses or fails a request
+        _fail(exc.code.name, exc.message)
     finally:
         if cluster is not None:
             cluster.stop()

@@ -152,6 +152,21 @@ def test_the_cli_refuses_a_report_with_nothing_to_run() -> None:
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("args,words", [
+    (["--windows", "2,99"], "--windows takes integers from 1 to 16, got 99"),
+    (["--windows", "0"], "--windows takes integers from 1 to 16, got 0"),
+    (["--requests", "0"], "--requests"),
+    (["--batch-sizes", "1,-4"], "--batch-sizes takes integers >= 1, got -4"),
+])
+def test_the_cli_refuses_bad_numbers_before_starting_anything(args, words) -> None:
+    """A window the router would refuse is refused before the cluster starts, not after (nor as a
+    traceback); zero requests is an error, not two waves."""
+    run = subprocess.run([sys.executable, "-m", "specrouter.cli", "scheduler-report", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "INVALID_ARGUMENT" in run.stderr and words in run.stderr
+    assert "Traceback" not in run.stderr and "cluster" not in run.stderr
+
+
 def test_adaptive_is_shown_wave_by_wave_beside_the_statics() -> None:
     """Two passes of two waves: adaptive's tokens per second in each, the statics' in the same wave, and
     what adaptive chose there; `wave` counts within the pass."""
