@@ -5,7 +5,10 @@ leave the choice to the router, share a batch; each row keeps its own sampling p
 Between cycles the loop admits new requests (prefill joins them to their batch; those that came in
 during that prefill are admitted too, so a burst starts as one batch), drops cancelled ones (their
 worker rows are released), runs one cycle per batch, and hands emitted tokens to each request's
-handle. A failing worker fails the rows of its batch only.
+handle. A worker that fails a call of a model other than the target takes that model out (`health`):
+its batch drops it and goes on over the chains that remain, with no row lost, and new batches start
+without it until its worker answers again; requests that named a chain through it fail UNAVAILABLE. A
+failing target fails the rows of its batch only.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from specrouter.router.chain import FINISH_STOP, ChainBatch, CycleReport, Row
+from specrouter.router.chain import FINISH_STOP, ChainBatch, CycleReport, Row, WorkerCallFailed
+from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.workers import Worker
 
@@ -81,8 +85,10 @@ class Batcher:
     def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int, eos_token_id: int | None,
                  choose_auto: ChooseChain, stop_check: Callable[[RequestHandle, Row], int | None] | None = None,
                  on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
-                 on_cycle_done: CycleDone | None = None, prompt_positions: int = 0):
+                 on_cycle_done: CycleDone | None = None, prompt_positions: int = 0,
+                 health: WorkerHealth | None = None):
         self.workers = dict(workers)
+        self.health = health or WorkerHealth(self.workers, target)
         self.prompt_positions = prompt_positions   # prompt positions the models' guesses are compared on
         self.target = target
         self.context_length = context_length
@@ -99,10 +105,12 @@ class Batcher:
 
     def start(self) -> None:
         self._thread.start()
+        self.health.start()
 
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join(30)
+        self.health.stop()
 
     def submit(self, request: GenerationRequest, span_context: trace.SpanContext | None = None) -> RequestHandle:
         handle = RequestHandle(request, span_context=span_context)
@@ -143,29 +151,57 @@ class Batcher:
             if not h.cancelled.is_set():
                 by_key[(h.request.chain, h.request.window)].append(h)
         for key, group in by_key.items():
-            batch = self._batches.get(key) or ChainBatch(self.workers, self.target, self.context_length,
-                                                           prompt_positions=self.prompt_positions)
-            rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
-                        h.request.max_new_tokens, self.stop_tokens) for h in group]
+            self._admit_group(key, group)
+        return True
+
+    def _admit_group(self, key: tuple, group: list[RequestHandle]) -> None:
+        """Prefills `group` into the batch of `key`, on the models that are up; a model whose worker fails
+        the prefill is taken out and the prefill done again without it (once)."""
+        chain = key[0]
+        batch = self._batches.get(key) or ChainBatch(self.workers, self.target, self.context_length,
+                                                       prompt_positions=self.prompt_positions)
+        rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
+                    h.request.max_new_tokens, self.stop_tokens) for h in group]
+        for attempt in range(2):
+            for model in self.health.down():
+                if model in batch.workers:
+                    batch.drop_model(model)
+            missing = [m for m in chain or () if m not in batch.workers]
+            if missing:
+                why = self.health.down()
+                error = ModelUnavailable(f"model {missing[0]} of the chain {','.join(chain)} is unavailable "
+                                         f"({why.get(missing[0], 'its worker failed')}); retry, or ask for chain "
+                                         f"'auto', which runs without it")
+                for h in group:
+                    h.events.put(Failed(error))
+                return
             try:
                 with self._span("prefill", group, {"specrouter.rows": len(rows)}):
                     batch.add(rows)
+                break
             except Exception as exc:  # noqa: BLE001 - a failed prefill fails these requests only
+                self._release(batch, rows)
+                if attempt == 0 and isinstance(exc, WorkerCallFailed) and exc.model != self.target:
+                    self.health.mark_down(exc.model, exc.cause)
+                    continue
                 log.warning("prefill failed: %s", exc)
                 for h in group:
                     h.events.put(Failed(exc))
-                try:
-                    for w in self.workers.values():
-                        w.release(batch.state_id, [r.row_id for r in rows])
-                except Exception:  # noqa: BLE001 - best effort; states also expire by TTL
-                    pass
-                continue
-            self._batches[key] = batch
-            now = time.perf_counter_ns()
-            for h in group:
-                h.joined_ns = now
-                self._handles[h.row_id] = h
-        return True
+                return
+        self._batches[key] = batch
+        now = time.perf_counter_ns()
+        for h in group:
+            h.joined_ns = now
+            self._handles[h.row_id] = h
+
+    @staticmethod
+    def _release(batch: ChainBatch, rows: list[Row]) -> None:
+        """Frees the rows of a failed prefill on every worker of the batch (best effort; states expire)."""
+        for w in batch.workers.values():
+            try:
+                w.release(batch.state_id, [r.row_id for r in rows])
+            except Exception:  # noqa: BLE001 - the worker may be gone
+                pass
 
     def _drop_cancelled(self, batch: ChainBatch) -> None:
         gone = [r for r in batch.rows if self._handles[r].cancelled.is_set()]
@@ -189,10 +225,21 @@ class Batcher:
                     span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
                 if self.on_cycle is not None:
                     self.on_cycle(report, rows)   # measurements are queued inside the cycle's span
+        except WorkerCallFailed as exc:
+            if exc.model == self.target or exc.model not in batch.workers:
+                self._fail_batch(batch, chain, exc)
+                return
+            # a drafter or intermediate verifier failed: nothing was emitted, every other model's state
+            # of the rows is whole; the batch goes on without it, unless its requests named it
+            self.health.mark_down(exc.model, exc.cause)
+            batch.drop_model(exc.model)
+            if key[0] is not None and exc.model in key[0]:
+                self._fail_batch(batch, chain, ModelUnavailable(
+                    f"model {exc.model} of the chain {','.join(key[0])} failed ({exc.cause}); retry, or ask "
+                    f"for chain 'auto', which runs without it"))
+            return
         except Exception as exc:  # noqa: BLE001 - a worker failure fails this batch's requests
-            log.warning("cycle of chain %s failed: %s", chain, exc)
-            for row_id in list(batch.rows):
-                self._fail(batch, row_id, exc)
+            self._fail_batch(batch, chain, exc)
             return
         name = ",".join(chain)
         for index, row in enumerate(rows):
@@ -217,6 +264,11 @@ class Batcher:
             for row in gone:
                 handle = self._handles.pop(row.row_id)
                 handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))
+
+    def _fail_batch(self, batch: ChainBatch, chain: tuple[str, ...], exc: Exception) -> None:
+        log.warning("cycle of chain %s failed: %s", ",".join(chain), exc)
+        for row_id in list(batch.rows):
+            self._fail(batch, row_id, exc)
 
     @staticmethod
     def _span(name: str, handles: list[RequestHandle], attributes: dict):

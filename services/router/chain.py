@@ -15,6 +15,7 @@ A chain of the target alone is plain decoding through the same code.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from specrouter.worker.engine import RowStep, StepResult, VerifyRow
 from specrouter.worker.sampling import SamplingParams
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 FINISH_STOP = "stop"      # EOS or a stop sequence
 FINISH_LENGTH = "length"  # max_new_tokens or the context
@@ -92,6 +94,14 @@ def prompt_agreement(guesses: Mapping[str, Sequence[int]]) -> dict[tuple[str, st
     return out
 
 
+class WorkerCallFailed(RuntimeError):
+    """A call to one model's worker failed: `model` names it, `cause` is the worker's own error."""
+
+    def __init__(self, model: str, cause: BaseException):
+        super().__init__(f"{model}: {cause}")
+        self.model, self.cause = model, cause
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return sum(1 for _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a, b)))
 
@@ -132,21 +142,35 @@ class ChainBatch:
             self.rows[r.row_id] = r
 
     def remove(self, row_ids: Sequence[str]) -> list[Row]:
-        """Rows leave the batch; their entries are released on every worker."""
+        """Rows leave the batch; their entries are released on every worker (best effort: a worker that
+        does not answer drops them when they expire)."""
         gone = [self.rows.pop(r) for r in row_ids if r in self.rows]
         if gone:
             ids = [r.row_id for r in gone]
-            self._on_every_worker(lambda worker: worker.release(self.state_id, ids))
+            try:
+                self._on_every_worker(lambda worker: worker.release(self.state_id, ids))
+            except WorkerCallFailed as exc:
+                log.warning("release of %d row(s) failed on %s; its states expire: %s", len(ids), exc.model, exc.cause)
         return gone
 
+    def drop_model(self, model: str) -> None:
+        """`model` leaves the batch (its worker failed): the chains through it are no longer possible here,
+        the others go on, each model's state of the rows being its own."""
+        if model == self.target:
+            raise ValueError(f"the target {model!r} cannot leave the batch")
+        self.workers.pop(model, None)
+        for r in self.rows.values():
+            r.seen.pop(model, None)
+            r.spec.pop(model, None)
+
     def _on_every_worker(self, call: Callable[[Worker], T]) -> dict[str, T]:
-        """`call` on every worker at once, its results by model; the first failure is raised once all
-        have answered (so that a caller cleaning up after it finds no call still in flight)."""
+        """`call` on every worker at once, its results by model; the first failure is raised, as a
+        `WorkerCallFailed` naming its model, once all have answered (so that a caller cleaning up after it
+        finds no call still in flight)."""
         futures = {name: _FAN_OUT.submit(call, worker) for name, worker in self.workers.items()}
-        errors = [f.exception() for f in futures.values()]
-        failed = next((e for e in errors if e is not None), None)
-        if failed is not None:
-            raise failed
+        for name, f in futures.items():
+            if f.exception() is not None:
+                raise WorkerCallFailed(name, f.exception())
         return {name: f.result() for name, f in futures.items()}
 
     def release(self) -> None:
@@ -175,7 +199,10 @@ class ChainBatch:
         else:
             drafter = chain[0]
             started = time.perf_counter_ns()
-            result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows))
+            try:
+                result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows))
+            except Exception as exc:
+                raise WorkerCallFailed(drafter, exc) from exc
             call_ns[drafter] = time.perf_counter_ns() - started
             results[drafter] = result
             proposal, proposal_rows = result.tokens, result.rows
@@ -190,7 +217,11 @@ class ChainBatch:
                 for s, p, q in zip(self._steps(model, rows), proposal, proposal_rows)
             ]
             started = time.perf_counter_ns()
-            result = self.workers[model].verify(self.state_id, level, steps, hand_up)
+            try:
+                result = self.workers[model].verify(self.state_id, level, steps, hand_up)
+            except Exception as exc:
+                self._abandon(rows, processed)
+                raise WorkerCallFailed(model, exc) from exc
             call_ns[model] = time.perf_counter_ns() - started
             results[model] = result
             processed[model] = [list(p) for p in proposal]
@@ -209,6 +240,16 @@ class ChainBatch:
         for r in rows:
             r.cycle += 1
         return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns)
+
+    @staticmethod
+    def _abandon(rows: Sequence[Row], processed: Mapping[str, list[list[int]]]) -> None:
+        """A cycle that stops at a failed call emits nothing; the models that answered before it cached the
+        rows' pending tokens and their proposal. All of that is rolled back at their next call, down to the
+        row's last token, which stays pending (its logits start the next cycle)."""
+        for model, cached in processed.items():
+            for r, spec in zip(rows, cached):
+                r.seen[model] = len(r.tokens) - 1
+                r.spec[model] = [r.tokens[-1], *spec]
 
     def _steps(self, model: str, rows: Sequence[Row]) -> list[RowStep]:
         steps = []

@@ -27,6 +27,10 @@ class RemoteWorker:
         self.vocab = self.info.vocab_size
         self.calls = self.bytes_sent = self.bytes_received = 0  # traffic counters, for benchmarks
 
+    def probe(self, timeout_s: float = 2.0) -> None:
+        """Raises unless the worker answers (its Info), as after a restart at the same address."""
+        self.stub.Info(pb.InfoRequest(), timeout=min(timeout_s, self.timeout_s))
+
     def _call(self, method, request):
         reply = method(request, timeout=self.timeout_s)
         self.calls += 1

@@ -660,7 +660,9 @@ class Scheduler:
             solo = plan if len(rows) == 1 else self.plan(1 if main else 0, 0 if main else 1, shift, pairs, common)
         if solo is not None or scales:
             score = self._score(rows, scales, solo)
-        decision = self._decide_in(plan, state, rows, greedy, chain, window, score, scales)
+        workers = getattr(batch, "workers", None)   # the models the batch still has (one may have failed)
+        usable = None if workers is None or set(self.models) <= set(workers) else frozenset(workers)
+        decision = self._decide_in(plan, state, rows, greedy, chain, window, score, scales, usable)
         if decision.prediction is not None and scales:
             decision.prediction = decision.prediction.scaled(scales)
         decision.base = base.by_key.get((decision.chain, decision.window))
@@ -825,15 +827,19 @@ class Scheduler:
 
     def _decide_in(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
                    chain: tuple[str, ...] | None, window: int, score: Score = _t_eff,
-                   scales: Mapping[str, float] = NO_SCALES) -> Decision:
+                   scales: Mapping[str, float] = NO_SCALES, usable: frozenset[str] | None = None) -> Decision:
+        """The decision among the plan's candidates that the requests left open, over the models in
+        `usable` (None: every model of the pool)."""
         s = self.settings
         state.cycles += 1
         self._cycles += 1
         self.counts["decisions"] += 1
-        named = [p for p in plan.predictions if (chain is None or p.chain == chain)   # what the requests left us
+        predictions = plan.predictions if usable is None else [p for p in plan.predictions if usable >= set(p.chain)]
+        named = [p for p in predictions if (chain is None or p.chain == chain)   # what the requests left us
                  and (not window or p.window == window or len(p.chain) == 1)]
         if not named:     # a chain longer than `max_levels` or a window beyond `windows`: unplanned
-            return Decision(chain or plan.predictions[0].chain, window or s.windows[len(s.windows) // 2], None)
+            fallback = chain or (predictions[0].chain if predictions else (self.target,))
+            return Decision(fallback, window or s.windows[len(s.windows) // 2], None)
         # a draft longer than any row has tokens left to emit is drafted for nothing (a cycle emits at most
         # window + 1): the candidates that fit, unless the window was named; if none fits (a named chain with
         # one token left), every window emits that token alone and the cheapest cycle is the best
@@ -843,7 +849,7 @@ class Scheduler:
         if score is not _t_eff:   # by the bound, cheap to compute: the score is never below it
             candidates = sorted(candidates, key=lambda p: p.scaled_cost_ns(scales) / p.emitted)
         if chain is None and not window:
-            explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy)
+            explore = self._exploration(plan, state, rows, greedy, len(rows) - greedy, predictions)
             if explore is not None:
                 self._last_explore_cycle = self._cycles
                 self.counts["explorations"] += 1
@@ -880,8 +886,11 @@ class Scheduler:
         return Decision(target.chain, target.window, target)
 
     def _exploration(self, plan: Plan, state: _BatchState, rows: Sequence[Row], greedy: int,
-                     sampling: int) -> Decision | None:
+                     sampling: int, predictions: Sequence[Prediction] | None = None) -> Decision | None:
+        """An exploration cycle for the most overdue pair, in the best of `predictions` (by default the
+        plan's) that holds it; None when no pair is due."""
         s = self.settings
+        predictions = plan.predictions if predictions is None else predictions
         if self._cycles - self._last_explore_cycle < s.explore_every_cycles or len(self.chains) < 2:
             return None
         now = self._clock()
@@ -899,7 +908,7 @@ class Scheduler:
         # request's first cycle and 140-240 ms some 30-40 tokens in), so it waits for a batch with none, up
         # to `explore_patience` times overdue
         for overdue, (d, v, mode) in sorted(stale, reverse=True):
-            p = next((p for p in plan.predictions if (d, v) in chain_pairs(p.chain)), None)
+            p = next((p for p in predictions if (d, v) in chain_pairs(p.chain)), None)
             if p is None or (overdue < s.explore_patience and self._catch_up_ns(plan, p.chain, rows) > 0):
                 continue
             window = min(max(s.windows), p.window + s.explore_extra_window)

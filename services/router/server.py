@@ -15,7 +15,8 @@ from opentelemetry import trace
 from specrouter import serving
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
-from specrouter.router.chain import ChainBatch, CycleReport, Row
+from specrouter.router.chain import ChainBatch, CycleReport, Row, WorkerCallFailed
+from specrouter.router.health import ModelUnavailable
 from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.remote import RemoteWorker
 from specrouter.pool.similarity import load_similarity
@@ -42,11 +43,18 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, CancelledError):
         return grpc.StatusCode.CANCELLED, str(exc)
+    if isinstance(exc, ModelUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
+    worker = "a worker"
+    if isinstance(exc, WorkerCallFailed):
+        worker, exc = f"the worker of {exc.model}", exc.cause
     if isinstance(exc, grpc.RpcError):
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return grpc.StatusCode.UNAVAILABLE, f"a worker is unavailable: {exc.details()}"
-        return grpc.StatusCode.INTERNAL, f"a worker failed: {code.name}: {exc.details()}"
+            return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {exc.details()}"
+        return grpc.StatusCode.INTERNAL, f"{worker} failed: {code.name}: {exc.details()}"
+    if worker != "a worker":
+        return grpc.StatusCode.INTERNAL, f"{worker} failed: {type(exc).__name__}: {exc}"
     return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
 
 
@@ -84,8 +92,9 @@ class Router:
 
     def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
                     window: int = 0) -> tuple[tuple[str, ...], int]:
-        if not self.settings.adaptive:
-            return chain or self.default_chain, window or self.settings.default_window
+        if not self.settings.adaptive:   # the default chain, or the target alone while one of its models is out
+            default = self.default_chain if set(self.default_chain) <= set(batch.workers) else (self.target,)
+            return chain or default, window or self.settings.default_window
         return self.scheduler.choose(batch, chain, window)
 
     def cycle_done(self, batch: ChainBatch, report: CycleReport, rows: list[Row], cycle_ns: int, auto: bool) -> None:

@@ -981,3 +981,16 @@ def test_the_planner_thread_runs_nicer_than_the_router(nice: int) -> None:
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
     finally:
         sched.close()
+
+
+def test_a_model_the_batch_lost_is_never_chosen_nor_explored() -> None:
+    """A batch whose drafter failed has the chains without it only: the best of those, and explorations
+    among them, while another batch still gets the best chain of the pool."""
+    sched, _ = make({("a", "t"): 0.95, ("b", "t"): 0.7, ("a", "b"): 0.9, ("b", "a"): 0.9},
+                    explore_after_s=0.0, explore_every_cycles=1)
+    whole, lost = FakeBatch(1), FakeBatch(1)
+    lost.workers = {"b": None, "t": None}   # "a" dropped
+    chosen = {sched.choose(lost)[0] for _ in range(30)}
+    assert chosen and all(set(c) <= {"b", "t"} for c in chosen), chosen
+    assert sched.counts["explorations"] > 0
+    assert {sched.choose(whole)[0] for _ in range(30)} & {("a", "t"), ("a", "b", "t"), ("b", "a", "t")}
