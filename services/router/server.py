@@ -45,17 +45,17 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.CANCELLED, str(exc)
     if isinstance(exc, ModelUnavailable):
         return grpc.StatusCode.UNAVAILABLE, str(exc)
-    worker = "a worker"
+    model = None
     if isinstance(exc, WorkerCallFailed):
-        worker, exc = f"the worker of {exc.model}", exc.cause
+        model, exc = exc.model, exc.cause
+    worker = "a worker" if model is None else f"the worker of {model}"
     if isinstance(exc, grpc.RpcError):
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {exc.details()}"
         return grpc.StatusCode.INTERNAL, f"{worker} failed: {code.name}: {exc.details()}"
-    if worker != "a worker":
-        return grpc.StatusCode.INTERNAL, f"{worker} failed: {type(exc).__name__}: {exc}"
-    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+    prefix = "" if model is None else f"{worker} failed: "
+    return grpc.StatusCode.INTERNAL, f"{prefix}{type(exc).__name__}: {exc}"
 
 
 class Router:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -49,6 +50,17 @@ def prefer(*chains):
     return choose
 
 
+@contextlib.contextmanager
+def started(pool, *chains):
+    """A running batcher over `pool` whose router prefers `chains` in order."""
+    batcher = Batcher(pool, "t", CONTEXT, None, choose_auto=prefer(*chains))
+    batcher.start()
+    try:
+        yield batcher
+    finally:
+        batcher.stop()
+
+
 @pytest.fixture()
 def pool(tiny_pool):
     saved = {name: dict(vars(engine)) for name, engine in tiny_pool.items()}
@@ -61,12 +73,8 @@ def pool(tiny_pool):
 
 @pytest.fixture()
 def reference(pool) -> list[list[int]]:
-    batcher = Batcher(pool, "t", CONTEXT, None, choose_auto=prefer(("t",)))
-    batcher.start()
-    try:
+    with started(pool, ("t",)) as batcher:
         return [run(batcher, p, chain=("t",)).token_ids for p in PROMPTS]
-    finally:
-        batcher.stop()
 
 
 def fail_after(engine, method: str, calls: int) -> None:
@@ -91,9 +99,7 @@ def still_down(engine) -> None:
 def test_a_drafter_failing_mid_request_leaves_the_output_exact(pool, reference) -> None:
     fail_after(pool["s"], "draft", 3)
     still_down(pool["s"])
-    batcher = Batcher(pool, "t", CONTEXT, None, choose_auto=prefer(("s", "t"), ("m", "t"), ("t",)))
-    batcher.start()
-    try:
+    with started(pool, ("s", "t"), ("m", "t"), ("t",)) as batcher:
         first = run(batcher, PROMPTS[0])
         assert isinstance(first, Finished), first
         assert first.token_ids == reference[0]
@@ -112,8 +118,6 @@ def test_a_drafter_failing_mid_request_leaves_the_output_exact(pool, reference) 
         assert batcher.health.down() == {}
         third = run(batcher, PROMPTS[1])
         assert third.token_ids == reference[1] and set(third.stats["chain_counts"]) == {"s,t"}
-    finally:
-        batcher.stop()
 
 
 def test_an_intermediate_verifier_failing_after_the_draft_rolls_the_drafter_back(pool, reference) -> None:
@@ -123,9 +127,7 @@ def test_an_intermediate_verifier_failing_after_the_draft_rolls_the_drafter_back
     twin = {**pool, "s": WorkerEngine("s", ModelForward(tiny_llama(*TARGET_SHAPE)))}
     fail_after(twin["m"], "verify", 2)
     still_down(twin["m"])
-    batcher = Batcher(twin, "t", CONTEXT, None, choose_auto=prefer(("s", "m", "t"), ("s", "t"), ("t",)))
-    batcher.start()
-    try:
+    with started(twin, ("s", "m", "t"), ("s", "t"), ("t",)) as batcher:
         handles = [batcher.submit(GenerationRequest(p, SamplingParams(), NEW)) for p in PROMPTS]
         done = [outcome(h) for h in handles]
         assert all(isinstance(d, Finished) for d in done), done
@@ -134,33 +136,23 @@ def test_an_intermediate_verifier_failing_after_the_draft_rolls_the_drafter_back
         for h in handles:
             after = h.accepted["t"][2:]   # the target's accepted tokens per cycle once m is out
             assert after and all(a == 3 for a in after[:-1]), h.accepted["t"]
-    finally:
-        batcher.stop()
 
 
 def test_a_model_failing_the_prefill_is_left_out_and_the_prefill_redone(pool, reference) -> None:
     fail_after(pool["m"], "prefill", 0)
     still_down(pool["m"])
-    batcher = Batcher(pool, "t", CONTEXT, None, choose_auto=prefer(("m", "t"), ("s", "t"), ("t",)))
-    batcher.start()
-    try:
+    with started(pool, ("m", "t"), ("s", "t"), ("t",)) as batcher:
         done = run(batcher, PROMPTS[0])
         assert isinstance(done, Finished) and done.token_ids == reference[0]
         assert set(done.stats["chain_counts"]) == {"s,t"} and "m" in batcher.health.down()
-    finally:
-        batcher.stop()
 
 
 def test_a_failing_target_fails_the_requests_and_stays_in(pool) -> None:
     fail_after(pool["t"], "verify", 1)
-    batcher = Batcher(pool, "t", CONTEXT, None, choose_auto=prefer(("s", "t"), ("t",)))
-    batcher.start()
-    try:
+    with started(pool, ("s", "t"), ("t",)) as batcher:
         failed = run(batcher, PROMPTS[0])
         assert isinstance(failed, Failed) and "t is gone" in str(failed.error)
         assert batcher.health.down() == {}
-    finally:
-        batcher.stop()
 
 
 # -- over the wire: a worker process killed and started again ---------------------------------------
