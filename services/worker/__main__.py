@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 
+from specrouter.worker.compute import ComputeLoop
 from specrouter.worker.settings import WorkerSettings
 
 
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     engine, info = srv.build_engine(settings)
-    grpc_server, port, health = srv.create_server(settings, engine, info)
+    compute = ComputeLoop()
+    grpc_server, port, health = srv.create_server(settings, engine, info, compute)
     grpc_server.start()
     srv.warm_up(engine, info, settings.profile_batch_sizes, settings.profile_tokens_per_row)
     srv.mark_serving(health, True)
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worker {info.model_name} listening on {settings.host}:{port}", flush=True)
     reaper = threading.Thread(target=_reap, args=(engine, stop), daemon=True)
     reaper.start()
-    stop.wait()
+    compute.run(until=stop)   # the engine's work, on this (the main) thread, until a signal
     srv.mark_serving(health, False)
     grpc_server.stop(settings.grace_s).wait()
     logging.getLogger(__name__).info("worker %s stopped", info.model_name)

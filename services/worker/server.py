@@ -16,6 +16,7 @@ from specrouter.pool.load import load_model, parse_dtype, tokenizer_fingerprint
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.v1 import worker_pb2_grpc
 from specrouter.worker import protocol
+from specrouter.worker.compute import ComputeLoop
 from specrouter.worker.engine import ContextLengthError, EngineSettings, UnknownStateError, WorkerEngine
 from specrouter.worker.forward import ModelForward
 from specrouter.worker.sampling import SamplingParams
@@ -53,9 +54,10 @@ def _handle(call: Callable[[], object], context: grpc.ServicerContext):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, engine: WorkerEngine, info: pb.InfoResponse):
+    def __init__(self, engine: WorkerEngine, info: pb.InfoResponse, compute: ComputeLoop):
         self.engine = engine
         self.info = info
+        self.compute = compute   # engine operations run on its thread; decoding and encoding on the handler's
 
     def Info(self, request, context):
         reply = pb.InfoResponse()
@@ -66,8 +68,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def Prefill(self, request, context):
         def run():
             start = time.perf_counter_ns()
-            result = self.engine.prefill(request.state_id, [(r.row_id, list(r.tokens)) for r in request.rows],
-                                         request.predictions)
+            rows = [(r.row_id, list(r.tokens)) for r in request.rows]
+            result = self.compute.call(lambda: self.engine.prefill(request.state_id, rows, request.predictions))
             return pb.PrefillResponse(
                 timing=protocol.timing_to_pb(result.timings, time.perf_counter_ns() - start),
                 predictions=[pb.PrefillPredictions(tokens=t) for t in result.tokens] if request.predictions else [])
@@ -77,7 +79,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         def run():
             start = time.perf_counter_ns()
             steps = [protocol.step_from_pb(r) for r in request.rows]
-            result = self.engine.draft(request.state_id, request.level, request.window, steps)
+            result = self.compute.call(lambda: self.engine.draft(request.state_id, request.level, request.window, steps))
             return protocol.step_result_to_pb(result, [s.row_id for s in steps], time.perf_counter_ns() - start)
         return _handle(run, context)
 
@@ -86,13 +88,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             start = time.perf_counter_ns()
             device = self.engine.forward.device
             rows = [protocol.verify_row_from_pb(r, self.engine.vocab, device) for r in request.rows]
-            result = self.engine.verify(request.state_id, request.level, rows, request.hand_up)
+            result = self.compute.call(lambda: self.engine.verify(request.state_id, request.level, rows, request.hand_up))
             return protocol.step_result_to_pb(result, [r.row_id for r in rows], time.perf_counter_ns() - start)
         return _handle(run, context)
 
     def Release(self, request, context):
         def run():
-            self.engine.release(request.state_id, list(request.row_ids) or None)
+            row_ids = list(request.row_ids) or None
+            self.compute.call(lambda: self.engine.release(request.state_id, row_ids))
             return pb.ReleaseResponse()
         return _handle(run, context)
 
@@ -103,6 +106,8 @@ def message_limit(settings: WorkerSettings, vocab: int) -> int:
 
 
 def build_engine(settings: WorkerSettings) -> tuple[WorkerEngine, pb.InfoResponse]:
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)
     model = load_model(settings.model_dir, parse_dtype(settings.dtype), settings.device)
     engine = WorkerEngine(settings.model_name, ModelForward(model),
                           EngineSettings(state_ttl_s=settings.state_ttl_s,
@@ -142,14 +147,14 @@ def warm_up(engine: WorkerEngine, info: pb.InfoResponse, batch_sizes: Sequence[i
                                              tokens_per_row=timing.tokens_per_row, tokens_valid=timing.tokens_valid)
 
 
-def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoResponse,
+def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoResponse, compute: ComputeLoop,
                   ) -> tuple[grpc.Server, int, health.HealthServicer]:
     limit = message_limit(settings, engine.vocab)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.threads),
         options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)],
     )
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine, info), server)
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine, info, compute), server)
     health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=False)  # until warmed up
     return server, serving.listen(server, settings.host, settings.port), health_servicer
 

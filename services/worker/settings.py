@@ -21,6 +21,7 @@ class WorkerSettings(BaseSettings):
     max_batch_size: int = 64            # rows per state; sizes the message limits
     max_window: int = 16                # draft window; sizes the message limits
     threads: int = 16                   # gRPC handler threads (forward passes are serialised per model)
+    torch_threads: int = 0              # PyTorch's intra-op threads on the CPU (0: PyTorch's default, one per core)
     grace_s: float = 10.0               # shutdown grace for in-flight calls
     # Warm-up latency profile, the scheduler's prior before live measurements: one forward per pair.
     profile_batch_sizes: list[int] = [1, 2, 4, 8, 16]
