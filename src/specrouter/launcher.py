@@ -63,8 +63,25 @@ class ServiceProcess:
         return self.proc.returncode
 
 
+DRAFTER_CPU_THREADS = 1  # PyTorch threads of a worker other than the target's when the pool runs on the CPU
+# How long an idle OpenMP thread of a CPU worker spins before it sleeps (GNU OpenMP's GOMP_SPINCOUNT, in
+# spin iterations; its default, 300,000, keeps a core busy for milliseconds after each forward pass,
+# taking it from the next model of the chain and from the router). Short enough that a finished forward
+# pass frees its cores at once, long enough that the threads inside one forward pass still meet spinning.
+CPU_SPINCOUNT = "2000"
+
+
 class LocalCluster:
-    """The embedded default: a profiler, one worker per pool model and a router, on localhost."""
+    """The embedded default: a profiler, one worker per pool model and a router, on localhost.
+
+    On the CPU every worker shares the machine's cores. The target keeps PyTorch's default (a thread
+    per core): it does most of the compute, and its verification of a window at batch 4 and beyond
+    runs much faster on every core. The drafters and intermediate verifiers get DRAFTER_CPU_THREADS:
+    small models gain little from more threads, and extra OpenMP teams that wait by spinning on cores
+    the target needs slow every forward pass of the target down. For the same reason their idle
+    OpenMP threads stop spinning soon after a forward pass (CPU_SPINCOUNT), unless the caller's
+    environment sets GOMP_SPINCOUNT itself.
+    """
 
     def __init__(self, pool_dir: Path, log_dir: Path, port: int = 0, redis_url: str | None = None,
                  dtype: str = "float32", device: str = "cpu", env: dict[str, str] | None = None,
@@ -77,9 +94,12 @@ class LocalCluster:
         try:
             profiler_args = ["--host", "127.0.0.1", "--port", "0"] + (["--redis-url", redis_url] if redis_url else [])
             self.profiler = self._start("specrouter.profiler", profiler_args, log_dir, env, "profiler", say)
+            spin = device == "cpu" and "GOMP_SPINCOUNT" not in os.environ
+            worker_env = {"GOMP_SPINCOUNT": CPU_SPINCOUNT, **(env or {})} if spin else env
             workers = [self._start("specrouter.worker", ["--model-dir", str(pool.model_dir(n)), "--name", n,
-                                                         "--dtype", dtype, "--device", device],
-                                   log_dir, env, f"worker-{n}", say) for n in pool.names]
+                                                         "--dtype", dtype, "--device", device,
+                                                         *self._thread_args(n, pool.target, device)],
+                                   log_dir, worker_env, f"worker-{n}", say) for n in pool.names]
             self.router = self._start("specrouter.router", [
                 "--workers", ",".join(w.address for w in workers), "--tokenizer-dir", str(pool.model_dir(pool.target)),
                 "--target", pool.target, "--profiler", self.profiler.address, "--port", str(port),
@@ -88,6 +108,12 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    @staticmethod
+    def _thread_args(model: str, target: str, device: str) -> list[str]:
+        if device != "cpu" or model == target:
+            return []
+        return ["--torch-threads", str(DRAFTER_CPU_THREADS)]
 
     def _start(self, module, args, log_dir, env, name, say) -> ServiceProcess:
         service_env = {"OTEL_SERVICE_NAME": f"specrouter-{name}", **(env or {})}
