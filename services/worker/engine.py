@@ -20,7 +20,7 @@ from specrouter.worker import rows as wire
 from specrouter.worker.forward import ForwardTiming, ModelForward
 from specrouter.worker.sampling import BatchSampling, SamplingParams, next_token_probs, row_uniforms, sample, token_presence
 from specrouter.worker.state import MaskedKVState, StateError
-from specrouter.worker.verify import proposal_similarity, verify_proposal
+from specrouter.worker.verify import proposal_similarity, verify_greedy, verify_proposal
 
 
 class UnknownStateError(KeyError):
@@ -174,13 +174,18 @@ class WorkerEngine:
             index = torch.arange(b, device=logits.device)
             last = logits[index, valid.sum(1) - 1]                                        # [B, V]
             presence = token_presence(state.tokens, state.mask, self.vocab) if s.any_penalty else None
-            u = torch.stack([row_uniforms(r.sampling.seed, r.cycle, level, window) for r in rows])  # [B, W]
+            greedy = s.all_greedy and presence is None   # the argmax; no rows are made or sent
+            if not greedy:
+                u = torch.stack([row_uniforms(r.sampling.seed, r.cycle, level, window) for r in rows])  # [B, W]
             drafted, drafted_rows = [], []
             for i in range(window):
-                rows_fp16 = wire.to_wire(next_token_probs(last, s, presence))             # [B, V]
-                x = sample(wire.as_probs(rows_fp16), u[:, i])                             # [B]
+                if greedy:
+                    x = last.argmax(-1)                                                    # [B]
+                else:
+                    rows_fp16 = wire.to_wire(next_token_probs(last, s, presence))         # [B, V]
+                    x = sample(wire.as_probs(rows_fp16), u[:, i])                         # [B]
+                    drafted_rows.append(rows_fp16)
                 drafted.append(x)
-                drafted_rows.append(rows_fp16)
                 if presence is not None:
                     presence[index, x] = True
                 if i + 1 < window:
@@ -188,6 +193,8 @@ class WorkerEngine:
                     timings.append(timing)
                     last = logits[:, 0]
             out_tokens = torch.stack(drafted, 1).tolist()                                 # [B, W]
+            if greedy:
+                return StepResult(tokens=out_tokens, rows=[None] * b, timings=timings)
             out_rows = torch.stack(drafted_rows, 1)                                       # [B, W, V]
             return StepResult(
                 tokens=out_tokens,
@@ -218,6 +225,8 @@ class WorkerEngine:
             offsets = torch.arange(k_max + 1, device=device)
             positions = (starts[:, None] + offsets[None, :]).clamp(max=tokens.shape[1] - 1)  # [B, K + 1]
             p_logits = logits.gather(1, positions[..., None].expand(-1, -1, self.vocab))   # [B, K + 1, V]
+            if s.all_greedy and not s.any_penalty:
+                return self._verify_greedy(rows, p_logits, timing)
             presence = None
             if presence0 is not None:
                 # the row of position i has seen the context, the pending tokens and x_1..x_i
@@ -253,6 +262,17 @@ class WorkerEngine:
                         for i, (r, a) in enumerate(zip(rows, accepted))]
             return StepResult(tokens=out_tokens, rows=out_rows, accepted=accepted, similarity=similarity,
                               timings=[timing])
+
+    def _verify_greedy(self, rows: Sequence[VerifyRow], p_logits: torch.Tensor, timing: ForwardTiming) -> StepResult:
+        """`verify` for a batch whose rows are all greedy with no penalty: argmaxes, no distribution rows."""
+        device = p_logits.device
+        proposal, _ = _pad([r.proposal for r in rows], device)                           # [B, K]
+        lengths = torch.tensor([len(r.proposal) for r in rows], device=device)           # [B]
+        verdict, similarity = verify_greedy(proposal, lengths, p_logits.argmax(-1))      # p_logits [B, K + 1, V]
+        accepted = verdict.accepted.tolist()
+        out_tokens = [list(r.proposal[:a]) + [y] for r, a, y in zip(rows, accepted, verdict.next_token.tolist())]
+        return StepResult(tokens=out_tokens, rows=[None] * len(rows), accepted=accepted,
+                          similarity=similarity.tolist(), timings=[timing])
 
     # -- helpers ----------------------------------------------------------------------------------
 

@@ -69,3 +69,22 @@ def proposal_similarity(
     overlap = torch.minimum(draft_probs, target_probs[:, :k]).sum(-1)                       # [B, K]
     in_range = torch.arange(k, device=draft_probs.device)[None, :] < draft_lengths[:, None]
     return torch.where(in_range, overlap, 0.0).sum(1)
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor,   # [B, K] proposal, right-padded
+    draft_lengths: torch.Tensor,  # [B] k_b <= K
+    target_argmax: torch.Tensor,  # [B, K + 1] this level's argmax at each proposal position and one more
+) -> tuple[Verdict, torch.Tensor]:
+    """`verify_proposal` and `proposal_similarity` when every row is greedy, without the one-hot rows.
+
+    With one-hot q and p the rule accepts x_i iff it is this level's argmax, and the recovered or bonus
+    token is the argmax at the first disagreement; the similarity counts the positions that agree.
+    Returns the verdict and the similarity per row [B].
+    """
+    k = draft_tokens.shape[1]
+    in_range = torch.arange(k, device=draft_tokens.device)[None, :] < draft_lengths[:, None]    # [B, K]
+    agree = (draft_tokens == target_argmax[:, :k]) & in_range                                   # [B, K]
+    accepted = (agree.int().cumprod(1)).sum(1) if k else draft_lengths                          # [B]
+    next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)                          # [B]
+    return Verdict(accepted=accepted, next_token=next_token), agree.sum(1).float()

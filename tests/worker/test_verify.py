@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specrouter.worker.rows import one_hot_rows
-from specrouter.worker.verify import verify_proposal
+from specrouter.worker.verify import proposal_similarity, verify_greedy, verify_proposal
 from tests.stats import chi_square_p_value
 
 P_THRESHOLD = 1e-4  # each statistical assertion is a false positive with this probability
@@ -69,3 +69,21 @@ def test_similarity_counts_every_position_and_is_one_minus_total_variation() -> 
     argmax = torch.tensor([[1, 4, 3, 0]])
     sim = proposal_similarity(one_hot_rows(drafts, 5), one_hot_rows(argmax, 5), torch.tensor([3]))
     assert sim.tolist() == [2.0]
+
+
+def test_the_greedy_rule_without_rows_agrees_with_the_general_rule() -> None:
+    """`verify_greedy` (argmaxes only) gives the verdict and similarity of the one-hot general rule."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, b, k = 7, 400, 5
+    draft = torch.randint(vocab, (b, k), generator=gen)
+    lengths = torch.randint(0, k + 1, (b,), generator=gen)
+    # argmaxes that often agree with the draft, so that every acceptance length occurs
+    target = torch.where(torch.rand(b, k + 1, generator=gen) < 0.7,
+                         torch.cat([draft, draft[:, :1]], 1), torch.randint(vocab, (b, k + 1), generator=gen))
+    q, p = one_hot_rows(draft, vocab), one_hot_rows(target, vocab)
+    general = verify_proposal(draft, lengths, q, p, torch.rand(b, k, generator=gen), torch.rand(b, generator=gen))
+    fast, similarity = verify_greedy(draft, lengths, target)
+    assert fast.accepted.tolist() == general.accepted.tolist()
+    assert fast.next_token.tolist() == general.next_token.tolist()
+    assert similarity.tolist() == proposal_similarity(q, p, lengths).tolist()
+    assert set(fast.accepted.tolist()) == set(range(k + 1))
