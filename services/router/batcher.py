@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from specrouter.router.breakdown import CycleBreakdown
 from specrouter.router.chain import FINISH_STOP, ChainBatch, CycleReport, Row, WorkerCallFailed
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.requests import GenerationRequest
@@ -68,6 +69,7 @@ class RequestHandle:
     chain_counts: Counter = field(default_factory=Counter)
     accepted: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     span_context: trace.SpanContext | None = None  # the request's span, parent of its cycles
+    breakdown: CycleBreakdown = field(default_factory=CycleBreakdown)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -78,7 +80,7 @@ class RequestHandle:
                 "accepted_per_level": {m: sum(v) / len(v) for m, v in self.accepted.items() if v},
                 "prompt_tokens": row.prompt_len, "generated_tokens": len(row.generated),
                 "queue_ns": self.joined_ns - self.arrived_ns, "total_ns": now - self.arrived_ns,
-                "seed": row.sampling.seed}
+                "seed": row.sampling.seed, "breakdown": self.breakdown}
 
 
 class Batcher:
@@ -176,8 +178,11 @@ class Batcher:
                     h.events.put(Failed(error))
                 return
             try:
+                started = time.perf_counter_ns()
                 with self._span("prefill", group, {"specrouter.rows": len(rows)}):
                     batch.add(rows)
+                for h in group:
+                    h.breakdown.prefill_ns += time.perf_counter_ns() - started
                 break
             except Exception as exc:  # noqa: BLE001 - a failed prefill fails these requests only
                 self._release(batch, rows)
@@ -215,6 +220,7 @@ class Batcher:
         auto = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
         if auto:   # the scheduler's choice, within the chain or the window the requests named
             chain, window = self.choose_auto(batch, chain, window)
+        choose_ns = time.perf_counter_ns() - started
         rows = [r for r in batch.rows.values() if r.finish_reason is None]
         attributes = {"specrouter.chain": ",".join(chain), "specrouter.window": window,
                       "specrouter.batch_size": len(rows)}
@@ -255,8 +261,11 @@ class Batcher:
                 emitted = emitted[: len(emitted) - drop]
                 row.finish_reason = FINISH_STOP
             handle.events.put(Emitted(emitted))
+        cycle_ns = time.perf_counter_ns() - started
+        for row in rows:
+            self._handles[row.row_id].breakdown.observe_cycle(report, cycle_ns, choose_ns)
         if self.on_cycle_done is not None:
-            self.on_cycle_done(batch, report, rows, time.perf_counter_ns() - started, auto)
+            self.on_cycle_done(batch, report, rows, cycle_ns, auto)
         finished = [r.row_id for r in rows if r.finish_reason is not None]
         if finished:
             with self._span("release", [self._handles[r] for r in finished], {"specrouter.rows": len(finished)}):

@@ -168,7 +168,12 @@ def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.Schedule
 
 
 def _stats_pb(stats: dict) -> pb.GenerationStats:
-    return pb.GenerationStats(**stats)
+    b = stats["breakdown"]
+    breakdown = pb.CycleBreakdown(
+        cycle_ns=b.cycle_ns, choose_ns=b.choose_ns, prefill_ns=b.prefill_ns,
+        levels={m: pb.LevelTiming(calls=t.calls, call_ns=t.call_ns, handler_ns=t.handler_ns, forward_ns=t.forward_ns)
+                for m, t in b.levels.items()})
+    return pb.GenerationStats(**{**stats, "breakdown": breakdown})
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):

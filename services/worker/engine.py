@@ -62,6 +62,7 @@ class StepResult:
     accepted: list[int] = field(default_factory=list)  # verify only: accepted proposal tokens per row
     similarity: list[float] = field(default_factory=list)  # verify only, per row: sum over the proposal of 1 - TV(p, q)
     timings: list[ForwardTiming] = field(default_factory=list)
+    handler_ns: int = 0   # the worker's handler around the engine call (decode, engine, encode); 0 in process
 
     @property
     def forward_ns(self) -> int:

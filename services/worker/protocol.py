@@ -97,4 +97,5 @@ def step_result_from_pb(m: pb.StepResponse, vocab: int, verify: bool) -> StepRes
         accepted=[p.accepted for p in m.proposals] if verify else [],
         similarity=[p.similarity for p in m.proposals] if verify else [],
         timings=timings_from_pb(m.timing),
+        handler_ns=m.timing.handler_ns,
     )

@@ -69,6 +69,31 @@ def _error(exc: grpc.RpcError) -> SpecRouterError:
 
 
 @dataclass(frozen=True)
+class LevelTiming:
+    """One model's calls in a request's cycles, summed, in nanoseconds."""
+
+    calls: int = 0
+    call_ns: int = 0      # round trips as the router saw them (serialization, transport, handler)
+    handler_ns: int = 0   # the worker's handler (decode, engine, encode)
+    forward_ns: int = 0   # the model's forward passes alone
+
+
+@dataclass(frozen=True)
+class CycleBreakdown:
+    """Where the router spent a request's time, in nanoseconds; a cycle counts once for each of its rows."""
+
+    cycle_ns: int = 0     # the request's cycles, from the chain's choice to the tokens handed on
+    choose_ns: int = 0    # choosing the chain and window (part of cycle_ns)
+    prefill_ns: int = 0   # the request's prefill round
+    levels: dict[str, LevelTiming] = field(default_factory=dict)
+
+    @classmethod
+    def from_pb(cls, m: pb.CycleBreakdown) -> CycleBreakdown:
+        return cls(m.cycle_ns, m.choose_ns, m.prefill_ns,
+                   {name: LevelTiming(t.calls, t.call_ns, t.handler_ns, t.forward_ns) for name, t in m.levels.items()})
+
+
+@dataclass(frozen=True)
 class GenerationStats:
     cycles: int = 0
     chain_counts: dict[str, int] = field(default_factory=dict)
@@ -78,11 +103,12 @@ class GenerationStats:
     queue_ns: int = 0
     total_ns: int = 0
     seed: int = 0
+    breakdown: CycleBreakdown = field(default_factory=CycleBreakdown)
 
     @classmethod
     def from_pb(cls, m: pb.GenerationStats) -> GenerationStats:
         return cls(m.cycles, dict(m.chain_counts), dict(m.accepted_per_level), m.prompt_tokens,
-                   m.generated_tokens, m.queue_ns, m.total_ns, m.seed)
+                   m.generated_tokens, m.queue_ns, m.total_ns, m.seed, CycleBreakdown.from_pb(m.breakdown))
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,21 @@ def test_a_named_chain_without_a_window_gets_the_schedulers_window(client, local
     assert all(set(g.stats.chain_counts) == {chain} for g in got)
 
 
+def test_each_response_says_where_its_cycles_spent_their_time(client, local, prompts) -> None:
+    """The breakdown nests: forward passes inside the worker's handler, inside the router's round trip,
+    inside the cycle."""
+    small = local.by_size()[0]
+    for chain, window, models in [("target", 0, {local.target}), (f"{small},{local.target}", 3, {small, local.target})]:
+        result = client.generate(prompts[0], max_new_tokens=NEW_TOKENS, chain=chain, window=window)
+        b, stats = result.stats.breakdown, result.stats
+        assert set(b.levels) == models
+        for level in b.levels.values():
+            assert level.calls == stats.cycles
+            assert 0 < level.forward_ns <= level.handler_ns <= level.call_ns
+        assert sum(level.call_ns for level in b.levels.values()) + b.choose_ns <= b.cycle_ns
+        assert 0 < b.prefill_ns and b.cycle_ns + b.prefill_ns <= stats.total_ns
+
+
 def test_continuous_batching_keeps_each_requests_output(client, prompts) -> None:
     """Requests of different lengths and parameters, arriving while others run, give what each gives alone."""
     specs = [dict(max_new_tokens=40), dict(max_new_tokens=8, temperature=0.9, seed=3),

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecrouter/v1/router.proto\x12\rspecrouter.v1\"\x94\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x1b\n\x0emax_new_tokens\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\r\n\x05\x63hain\x18\t \x01(\t\x12\x0e\n\x06window\x18\n \x01(\rB\x11\n\x0f_max_new_tokensB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seed\"\x8a\x03\n\x0fGenerationStats\x12\x0e\n\x06\x63ycles\x18\x01 \x01(\r\x12\x45\n\x0c\x63hain_counts\x18\x02 \x03(\x0b\x32/.specrouter.v1.GenerationStats.ChainCountsEntry\x12P\n\x12\x61\x63\x63\x65pted_per_level\x18\x03 \x03(\x0b\x32\x34.specrouter.v1.GenerationStats.AcceptedPerLevelEntry\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x18\n\x10generated_tokens\x18\x05 \x01(\r\x12\x10\n\x08queue_ns\x18\x06 \x01(\x03\x12\x10\n\x08total_ns\x18\x07 \x01(\x03\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x1a\x32\n\x10\x43hainCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x37\n\x15\x41\x63\x63\x65ptedPerLevelEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"y\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x05stats\x18\x04 \x01(\x0b\x32\x1e.specrouter.v1.GenerationStats\"v\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x05stats\x18\x04 \x01(\x0b\x32\x1e.specrouter.v1.GenerationStats\"\x13\n\x11ListModelsRequest\"L\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nparameters\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\">\n\x12ListModelsResponse\x12(\n\x06models\x18\x01 \x03(\x0b\x32\x18.specrouter.v1.ModelInfo\"=\n\x0fScheduleRequest\x12\x13\n\x0bgreedy_rows\x18\x01 \x01(\r\x12\x15\n\rsampling_rows\x18\x02 \x01(\r\"\x87\x01\n\x13\x43\x61ndidatePrediction\x12\r\n\x05\x63hain\x18\x01 \x03(\t\x12\x0e\n\x06window\x18\x02 \x01(\r\x12\x1a\n\x12predicted_t_eff_ms\x18\x03 \x01(\x01\x12\x1a\n\x12predicted_cycle_ms\x18\x04 \x01(\x01\x12\x19\n\x11predicted_emitted\x18\x05 \x01(\x01\"\x97\x01\n\nPairLedger\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x01\x12\x0f\n\x07\x63hecked\x18\x05 \x01(\x01\x12\x1a\n\x12predicted_accepted\x18\x06 \x01(\x01\x12\x19\n\x11predicted_checked\x18\x07 \x01(\x01\"\xe6\x01\n\x0b\x43ycleLedger\x12\r\n\x05\x63hain\x18\x01 \x03(\t\x12\x0e\n\x06window\x18\x02 \x01(\r\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x10\n\x08\x61\x64\x61ptive\x18\x04 \x01(\x08\x12\x0e\n\x06\x63ycles\x18\x05 \x01(\x04\x12\x10\n\x08\x63ycle_ms\x18\x06 \x01(\x01\x12\x0f\n\x07\x65mitted\x18\x07 \x01(\x01\x12\x1a\n\x12predicted_cycle_ms\x18\x08 \x01(\x01\x12\x19\n\x11predicted_emitted\x18\t \x01(\x01\x12(\n\x05pairs\x18\n \x03(\x0b\x32\x19.specrouter.v1.PairLedger\"\xdb\x01\n\x0cPairEstimate\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x17\n\nsimilarity\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05prior\x18\x05 \x01(\x01\x12\x15\n\x08realized\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\r\n\x05rates\x18\x07 \x03(\x01\x12\x1c\n\x0flive_similarity\x18\x08 \x01(\x01H\x02\x88\x01\x01\x42\r\n\x0b_similarityB\x0b\n\t_realizedB\x12\n\x10_live_similarity\"L\n\x0b\x43\x61libration\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x11\n\tintercept\x18\x02 \x01(\x01\x12\r\n\x05slope\x18\x03 \x01(\x01\x12\r\n\x05pairs\x18\x04 \x01(\r\"\xed\x02\n\x10ScheduleResponse\x12\x36\n\ncandidates\x18\x01 \x03(\x0b\x32\".specrouter.v1.CandidatePrediction\x12+\n\x07ledgers\x18\x02 \x03(\x0b\x32\x1a.specrouter.v1.CycleLedger\x12*\n\x05pairs\x18\x03 \x03(\x0b\x32\x1b.specrouter.v1.PairEstimate\x12/\n\x0b\x63\x61libration\x18\x04 \x03(\x0b\x32\x1a.specrouter.v1.Calibration\x12\x11\n\tdecisions\x18\x05 \x01(\x04\x12\x14\n\x0c\x65xplorations\x18\x06 \x01(\x04\x12\x10\n\x08switches\x18\x07 \x01(\x04\x12\x13\n\x0b\x64\x65\x63ision_us\x18\x08 \x01(\x01\x12\x10\n\x08\x63ycle_ms\x18\t \x01(\x01\x12\r\n\x05plans\x18\n \x01(\x04\x12\x13\n\x0bplanning_ms\x18\x0b \x01(\x01\x12\x11\n\tstand_ins\x18\x0c \x01(\x04\x32\xce\x02\n\rRouterService\x12K\n\x08Generate\x12\x1e.specrouter.v1.GenerateRequest\x1a\x1f.specrouter.v1.GenerateResponse\x12P\n\x0eGenerateStream\x12\x1e.specrouter.v1.GenerateRequest\x1a\x1c.specrouter.v1.GenerateChunk0\x01\x12Q\n\nListModels\x12 .specrouter.v1.ListModelsRequest\x1a!.specrouter.v1.ListModelsResponse\x12K\n\x08Schedule\x12\x1e.specrouter.v1.ScheduleRequest\x1a\x1f.specrouter.v1.ScheduleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecrouter/v1/router.proto\x12\rspecrouter.v1\"\x94\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x1b\n\x0emax_new_tokens\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\r\n\x05\x63hain\x18\t \x01(\t\x12\x0e\n\x06window\x18\n \x01(\rB\x11\n\x0f_max_new_tokensB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seed\"\xbc\x03\n\x0fGenerationStats\x12\x0e\n\x06\x63ycles\x18\x01 \x01(\r\x12\x45\n\x0c\x63hain_counts\x18\x02 \x03(\x0b\x32/.specrouter.v1.GenerationStats.ChainCountsEntry\x12P\n\x12\x61\x63\x63\x65pted_per_level\x18\x03 \x03(\x0b\x32\x34.specrouter.v1.GenerationStats.AcceptedPerLevelEntry\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x18\n\x10generated_tokens\x18\x05 \x01(\r\x12\x10\n\x08queue_ns\x18\x06 \x01(\x03\x12\x10\n\x08total_ns\x18\x07 \x01(\x03\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12\x30\n\tbreakdown\x18\t \x01(\x0b\x32\x1d.specrouter.v1.CycleBreakdown\x1a\x32\n\x10\x43hainCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x37\n\x15\x41\x63\x63\x65ptedPerLevelEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"U\n\x0bLevelTiming\x12\r\n\x05\x63\x61lls\x18\x01 \x01(\r\x12\x0f\n\x07\x63\x61ll_ns\x18\x02 \x01(\x03\x12\x12\n\nhandler_ns\x18\x03 \x01(\x03\x12\x12\n\nforward_ns\x18\x04 \x01(\x03\"\xcf\x01\n\x0e\x43ycleBreakdown\x12\x10\n\x08\x63ycle_ns\x18\x01 \x01(\x03\x12\x11\n\tchoose_ns\x18\x02 \x01(\x03\x12\x12\n\nprefill_ns\x18\x03 \x01(\x03\x12\x39\n\x06levels\x18\x04 \x03(\x0b\x32).specrouter.v1.CycleBreakdown.LevelsEntry\x1aI\n\x0bLevelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.specrouter.v1.LevelTiming:\x02\x38\x01\"y\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x05stats\x18\x04 \x01(\x0b\x32\x1e.specrouter.v1.GenerationStats\"v\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12-\n\x05stats\x18\x04 \x01(\x0b\x32\x1e.specrouter.v1.GenerationStats\"\x13\n\x11ListModelsRequest\"L\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nparameters\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\">\n\x12ListModelsResponse\x12(\n\x06models\x18\x01 \x03(\x0b\x32\x18.specrouter.v1.ModelInfo\"=\n\x0fScheduleRequest\x12\x13\n\x0bgreedy_rows\x18\x01 \x01(\r\x12\x15\n\rsampling_rows\x18\x02 \x01(\r\"\x87\x01\n\x13\x43\x61ndidatePrediction\x12\r\n\x05\x63hain\x18\x01 \x03(\t\x12\x0e\n\x06window\x18\x02 \x01(\r\x12\x1a\n\x12predicted_t_eff_ms\x18\x03 \x01(\x01\x12\x1a\n\x12predicted_cycle_ms\x18\x04 \x01(\x01\x12\x19\n\x11predicted_emitted\x18\x05 \x01(\x01\"\x97\x01\n\nPairLedger\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x01\x12\x0f\n\x07\x63hecked\x18\x05 \x01(\x01\x12\x1a\n\x12predicted_accepted\x18\x06 \x01(\x01\x12\x19\n\x11predicted_checked\x18\x07 \x01(\x01\"\xe6\x01\n\x0b\x43ycleLedger\x12\r\n\x05\x63hain\x18\x01 \x03(\t\x12\x0e\n\x06window\x18\x02 \x01(\r\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x10\n\x08\x61\x64\x61ptive\x18\x04 \x01(\x08\x12\x0e\n\x06\x63ycles\x18\x05 \x01(\x04\x12\x10\n\x08\x63ycle_ms\x18\x06 \x01(\x01\x12\x0f\n\x07\x65mitted\x18\x07 \x01(\x01\x12\x1a\n\x12predicted_cycle_ms\x18\x08 \x01(\x01\x12\x19\n\x11predicted_emitted\x18\t \x01(\x01\x12(\n\x05pairs\x18\n \x03(\x0b\x32\x19.specrouter.v1.PairLedger\"\xdb\x01\n\x0cPairEstimate\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x10\n\x08verifier\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x17\n\nsimilarity\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05prior\x18\x05 \x01(\x01\x12\x15\n\x08realized\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\r\n\x05rates\x18\x07 \x03(\x01\x12\x1c\n\x0flive_similarity\x18\x08 \x01(\x01H\x02\x88\x01\x01\x42\r\n\x0b_similarityB\x0b\n\t_realizedB\x12\n\x10_live_similarity\"L\n\x0b\x43\x61libration\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x11\n\tintercept\x18\x02 \x01(\x01\x12\r\n\x05slope\x18\x03 \x01(\x01\x12\r\n\x05pairs\x18\x04 \x01(\r\"\xed\x02\n\x10ScheduleResponse\x12\x36\n\ncandidates\x18\x01 \x03(\x0b\x32\".specrouter.v1.CandidatePrediction\x12+\n\x07ledgers\x18\x02 \x03(\x0b\x32\x1a.specrouter.v1.CycleLedger\x12*\n\x05pairs\x18\x03 \x03(\x0b\x32\x1b.specrouter.v1.PairEstimate\x12/\n\x0b\x63\x61libration\x18\x04 \x03(\x0b\x32\x1a.specrouter.v1.Calibration\x12\x11\n\tdecisions\x18\x05 \x01(\x04\x12\x14\n\x0c\x65xplorations\x18\x06 \x01(\x04\x12\x10\n\x08switches\x18\x07 \x01(\x04\x12\x13\n\x0b\x64\x65\x63ision_us\x18\x08 \x01(\x01\x12\x10\n\x08\x63ycle_ms\x18\t \x01(\x01\x12\r\n\x05plans\x18\n \x01(\x04\x12\x13\n\x0bplanning_ms\x18\x0b \x01(\x01\x12\x11\n\tstand_ins\x18\x0c \x01(\x04\x32\xce\x02\n\rRouterService\x12K\n\x08Generate\x12\x1e.specrouter.v1.GenerateRequest\x1a\x1f.specrouter.v1.GenerateResponse\x12P\n\x0eGenerateStream\x12\x1e.specrouter.v1.GenerateRequest\x1a\x1c.specrouter.v1.GenerateChunk0\x01\x12Q\n\nListModels\x12 .specrouter.v1.ListModelsRequest\x1a!.specrouter.v1.ListModelsResponse\x12K\n\x08Schedule\x12\x1e.specrouter.v1.ScheduleRequest\x1a\x1f.specrouter.v1.ScheduleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,38 +35,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_options = b'8\001'
   _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._loaded_options = None
   _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_options = b'8\001'
+  _globals['_CYCLEBREAKDOWN_LEVELSENTRY']._loaded_options = None
+  _globals['_CYCLEBREAKDOWN_LEVELSENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=46
   _globals['_GENERATEREQUEST']._serialized_end=322
   _globals['_GENERATIONSTATS']._serialized_start=325
-  _globals['_GENERATIONSTATS']._serialized_end=719
-  _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_start=612
-  _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_end=662
-  _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_start=664
-  _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_end=719
-  _globals['_GENERATERESPONSE']._serialized_start=721
-  _globals['_GENERATERESPONSE']._serialized_end=842
-  _globals['_GENERATECHUNK']._serialized_start=844
-  _globals['_GENERATECHUNK']._serialized_end=962
-  _globals['_LISTMODELSREQUEST']._serialized_start=964
-  _globals['_LISTMODELSREQUEST']._serialized_end=983
-  _globals['_MODELINFO']._serialized_start=985
-  _globals['_MODELINFO']._serialized_end=1061
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1063
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1125
-  _globals['_SCHEDULEREQUEST']._serialized_start=1127
-  _globals['_SCHEDULEREQUEST']._serialized_end=1188
-  _globals['_CANDIDATEPREDICTION']._serialized_start=1191
-  _globals['_CANDIDATEPREDICTION']._serialized_end=1326
-  _globals['_PAIRLEDGER']._serialized_start=1329
-  _globals['_PAIRLEDGER']._serialized_end=1480
-  _globals['_CYCLELEDGER']._serialized_start=1483
-  _globals['_CYCLELEDGER']._serialized_end=1713
-  _globals['_PAIRESTIMATE']._serialized_start=1716
-  _globals['_PAIRESTIMATE']._serialized_end=1935
-  _globals['_CALIBRATION']._serialized_start=1937
-  _globals['_CALIBRATION']._serialized_end=2013
-  _globals['_SCHEDULERESPONSE']._serialized_start=2016
-  _globals['_SCHEDULERESPONSE']._serialized_end=2381
-  _globals['_ROUTERSERVICE']._serialized_start=2384
-  _globals['_ROUTERSERVICE']._serialized_end=2718
+  _globals['_GENERATIONSTATS']._serialized_end=769
+  _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_start=662
+  _globals['_GENERATIONSTATS_CHAINCOUNTSENTRY']._serialized_end=712
+  _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_start=714
+  _globals['_GENERATIONSTATS_ACCEPTEDPERLEVELENTRY']._serialized_end=769
+  _globals['_LEVELTIMING']._serialized_start=771
+  _globals['_LEVELTIMING']._serialized_end=856
+  _globals['_CYCLEBREAKDOWN']._serialized_start=859
+  _globals['_CYCLEBREAKDOWN']._serialized_end=1066
+  _globals['_CYCLEBREAKDOWN_LEVELSENTRY']._serialized_start=993
+  _globals['_CYCLEBREAKDOWN_LEVELSENTRY']._serialized_end=1066
+  _globals['_GENERATERESPONSE']._serialized_start=1068
+  _globals['_GENERATERESPONSE']._serialized_end=1189
+  _globals['_GENERATECHUNK']._serialized_start=1191
+  _globals['_GENERATECHUNK']._serialized_end=1309
+  _globals['_LISTMODELSREQUEST']._serialized_start=1311
+  _globals['_LISTMODELSREQUEST']._serialized_end=1330
+  _globals['_MODELINFO']._serialized_start=1332
+  _globals['_MODELINFO']._serialized_end=1408
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1410
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1472
+  _globals['_SCHEDULEREQUEST']._serialized_start=1474
+  _globals['_SCHEDULEREQUEST']._serialized_end=1535
+  _globals['_CANDIDATEPREDICTION']._serialized_start=1538
+  _globals['_CANDIDATEPREDICTION']._serialized_end=1673
+  _globals['_PAIRLEDGER']._serialized_start=1676
+  _globals['_PAIRLEDGER']._serialized_end=1827
+  _globals['_CYCLELEDGER']._serialized_start=1830
+  _globals['_CYCLELEDGER']._serialized_end=2060
+  _globals['_PAIRESTIMATE']._serialized_start=2063
+  _globals['_PAIRESTIMATE']._serialized_end=2282
+  _globals['_CALIBRATION']._serialized_start=2284
+  _globals['_CALIBRATION']._serialized_end=2360
+  _globals['_SCHEDULERESPONSE']._serialized_start=2363
+  _globals['_SCHEDULERESPONSE']._serialized_end=2728
+  _globals['_ROUTERSERVICE']._serialized_start=2731
+  _globals['_ROUTERSERVICE']._serialized_end=3065
 # @@protoc_insertion_point(module_scope)

@@ -31,7 +31,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., chain: _Optional[str] = ..., window: _Optional[int] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("cycles", "chain_counts", "accepted_per_level", "prompt_tokens", "generated_tokens", "queue_ns", "total_ns", "seed")
+    __slots__ = ("cycles", "chain_counts", "accepted_per_level", "prompt_tokens", "generated_tokens", "queue_ns", "total_ns", "seed", "breakdown")
     class ChainCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class GenerationStats(_message.Message):
     QUEUE_NS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    BREAKDOWN_FIELD_NUMBER: _ClassVar[int]
     cycles: int
     chain_counts: _containers.ScalarMap[str, int]
     accepted_per_level: _containers.ScalarMap[str, float]
@@ -62,7 +63,39 @@ class GenerationStats(_message.Message):
     queue_ns: int
     total_ns: int
     seed: int
-    def __init__(self, cycles: _Optional[int] = ..., chain_counts: _Optional[_Mapping[str, int]] = ..., accepted_per_level: _Optional[_Mapping[str, float]] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., queue_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    breakdown: CycleBreakdown
+    def __init__(self, cycles: _Optional[int] = ..., chain_counts: _Optional[_Mapping[str, int]] = ..., accepted_per_level: _Optional[_Mapping[str, float]] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., queue_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., seed: _Optional[int] = ..., breakdown: _Optional[_Union[CycleBreakdown, _Mapping]] = ...) -> None: ...
+
+class LevelTiming(_message.Message):
+    __slots__ = ("calls", "call_ns", "handler_ns", "forward_ns")
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    CALL_NS_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_NS_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
+    calls: int
+    call_ns: int
+    handler_ns: int
+    forward_ns: int
+    def __init__(self, calls: _Optional[int] = ..., call_ns: _Optional[int] = ..., handler_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ...) -> None: ...
+
+class CycleBreakdown(_message.Message):
+    __slots__ = ("cycle_ns", "choose_ns", "prefill_ns", "levels")
+    class LevelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: LevelTiming
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[LevelTiming, _Mapping]] = ...) -> None: ...
+    CYCLE_NS_FIELD_NUMBER: _ClassVar[int]
+    CHOOSE_NS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_NS_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    cycle_ns: int
+    choose_ns: int
+    prefill_ns: int
+    levels: _containers.MessageMap[str, LevelTiming]
+    def __init__(self, cycle_ns: _Optional[int] = ..., choose_ns: _Optional[int] = ..., prefill_ns: _Optional[int] = ..., levels: _Optional[_Mapping[str, LevelTiming]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats")
