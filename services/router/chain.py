@@ -9,7 +9,9 @@ For a chain [M1, ..., Mn] (Mn the target) and window W, one cycle is:
 4. rollback: each model keeps in its state only the emitted prefix; what it must drop is sent with its
             next call, together with the emitted tokens it has not yet seen (catch-up);
 5. stop:    EOS and max_new_tokens are applied to the emitted tokens; tokens after a stop are dropped.
-A chain of the target alone is plain decoding through the same code.
+A chain of the target alone is plain decoding: the target samples a block of tokens itself in one
+call (its own draft is its output, so nothing needs verifying), which spreads the round trip over the
+block; tokens past a stop are dropped and rolled back like rejected drafts.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 
 FINISH_STOP = "stop"      # EOS or a stop sequence
 FINISH_LENGTH = "length"  # max_new_tokens or the context
+TARGET_ONLY_BLOCK = 4     # tokens per call of a target-only cycle when the window is left open (0)
 
 # Calls that go to every worker (prefill, release) go out together: each worker is its own process (or
 # device), so a row joins after the slowest prefill, not after the sum of them.
@@ -186,6 +189,8 @@ class ChainBatch:
         if not rows:
             raise ValueError("no running rows")
         room = min(self.context_length - len(r.tokens) - 1 for r in rows)
+        if len(chain) == 1 and window == 0:   # no more tokens than the rows still want
+            window = min(TARGET_ONLY_BLOCK, max(r.max_new_tokens - len(r.generated) for r in rows))
         window = max(1, min(window, room))
         results: dict[str, StepResult] = {}
         call_ns: dict[str, int] = {}
@@ -193,23 +198,18 @@ class ChainBatch:
         proposed: dict[str, list[int]] = {}
         processed: dict[str, list[list[int]]] = {}   # per model, per row: speculative tokens it cached
 
-        if len(chain) == 1:
-            proposal = [[] for _ in rows]
-            proposal_rows = [None for _ in rows]
-        else:
-            drafter = chain[0]
-            started = time.perf_counter_ns()
-            try:
-                result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows))
-            except Exception as exc:
-                raise WorkerCallFailed(drafter, exc) from exc
-            call_ns[drafter] = time.perf_counter_ns() - started
-            results[drafter] = result
-            proposal, proposal_rows = result.tokens, result.rows
-            processed[drafter] = [t[:-1] for t in proposal]
+        drafter = chain[0]   # the target of a target-only chain drafts its own output
+        started = time.perf_counter_ns()
+        try:
+            result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows))
+        except Exception as exc:
+            raise WorkerCallFailed(drafter, exc) from exc
+        call_ns[drafter] = time.perf_counter_ns() - started
+        results[drafter] = result
+        proposal, proposal_rows = result.tokens, result.rows
+        processed[drafter] = [t[:-1] for t in proposal]
 
-        verifiers = chain[1:] if len(chain) > 1 else chain
-        for level, model in enumerate(verifiers, start=len(chain) - len(verifiers)):
+        for level, model in enumerate(chain[1:], start=1):
             hand_up = model != chain[-1]
             steps = [
                 VerifyRow(row_id=s.row_id, pending=s.pending, sampling=s.sampling, cycle=s.cycle,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specrouter.pool.prompts import heldout_code_prompts
+from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.inprocess import InProcessPool
 from specrouter.worker.sampling import SamplingParams
 from tests.conftest import DEMO_POOL
@@ -71,4 +72,16 @@ def test_every_chain_and_window_is_exact(pool, prompt_ids, reference, batch_size
         got = greedy(pool, prompt_ids, chain, window, batch_size)
         mismatched = [i for i, (a, b) in enumerate(zip(got, reference)) if a != b]
         assert not mismatched, f"chain {chain} window {window} batch {batch_size}: prompts {mismatched} differ"
+    assert all(not e.state_ids() for e in pool.engines.values())
+
+
+@pytest.mark.parametrize("batch_size", BATCH_SIZES)
+def test_target_only_in_blocks_is_exact(pool, prompt_ids, reference, batch_size) -> None:
+    """With the window left open (0) the target samples TARGET_ONLY_BLOCK tokens a call; rows that stop
+    inside a block (EOS, or a token budget that is no multiple of the block) drop the rest of it."""
+    assert greedy(pool, prompt_ids, (pool.target,), 0, batch_size) == reference
+    budget = NEW_TOKENS - 1 - TARGET_ONLY_BLOCK // 2
+    chunk = prompt_ids[:batch_size]
+    rows = pool.generate_ids(chunk, (pool.target,), 0, [SamplingParams()] * len(chunk), budget)
+    assert [r.generated for r in rows] == [ref[:budget] for ref in reference[:batch_size]]
     assert all(not e.state_ids() for e in pool.engines.values())

@@ -22,6 +22,7 @@ from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.inprocess import InProcessPool
 from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from specrouter.worker.sampling import SamplingParams
+from specrouter.router.chain import TARGET_ONLY_BLOCK
 from tests.conftest import DEMO_POOL
 
 NEW_TOKENS = 24
@@ -155,7 +156,7 @@ def test_a_named_chain_without_a_window_gets_the_schedulers_window(client, local
 
 def test_each_response_says_where_its_cycles_spent_their_time(client, local, prompts) -> None:
     """The breakdown nests: forward passes inside the worker's handler, inside the router's round trip,
-    inside the cycle."""
+    inside the cycle; a target-only request with the window left open decodes blocks of tokens a call."""
     small = local.by_size()[0]
     for chain, window, models in [("target", 0, {local.target}), (f"{small},{local.target}", 3, {small, local.target})]:
         result = client.generate(prompts[0], max_new_tokens=NEW_TOKENS, chain=chain, window=window)
@@ -166,6 +167,8 @@ def test_each_response_says_where_its_cycles_spent_their_time(client, local, pro
             assert 0 < level.forward_ns <= level.handler_ns <= level.call_ns
         assert sum(level.call_ns for level in b.levels.values()) + b.choose_ns <= b.cycle_ns
         assert 0 < b.prefill_ns and b.cycle_ns + b.prefill_ns <= stats.total_ns
+    target_only = client.generate(prompts[0], max_new_tokens=NEW_TOKENS, chain="target")
+    assert target_only.stats.cycles == -(-target_only.stats.generated_tokens // TARGET_ONLY_BLOCK)
 
 
 def test_continuous_batching_keeps_each_requests_output(client, prompts) -> None:
