@@ -314,6 +314,92 @@ def scheduler_report(
     log_line(f"wrote {out / 'report.json'} and {chart}")
 
 
+BENCH_PER_KIND = 16   # built-in prompts per kind the bench draws from (cycled where a cell needs more)
+
+
+@app.command()
+def bench(
+    pool: Path = typer.Option(None, help="Pool directory: the local cluster's and the in-process peers' models "
+                                         "(default: the shipped demo pool)."),
+    router: str = typer.Option(None, help="Use this router (HOST:PORT) instead of starting a local cluster; "
+                                          "--pool must be its pool."),
+    prompts: Path = typer.Option(None, help='JSON lines of {"kind": ..., "prompt": ...} (default: the built-in '
+                                            "code, repetitive and prose workloads)."),
+    kinds: str = typer.Option(None, help="Kinds to run, comma separated; 'switching' is prose then repetitive "
+                                         "(default: code,repetitive,prose,switching, or the prompts file's kinds)."),
+    batch_sizes: str = typer.Option("1,4,16", help="Requests in flight at a time, comma separated."),
+    requests: int = typer.Option(8, help="Requests per kind and batch size (at least two waves, whole waves)."),
+    max_new_tokens: int = typer.Option(64, help="Tokens per request."),
+    rounds: int = typer.Option(3, help="Interleaved measured rounds (median and range reported)."),
+    windows: str = typer.Option("2,3,4,5,6", help="Draft windows the two-level screening searches."),
+    three_level_window: int = typer.Option(4, help="Draft window of the three-level chain."),
+    redis_url: str = typer.Option(None, help="Redis for the local cluster's profiler (default: in memory)."),
+    out: Path = typer.Option(Path(".cache/bench"), help="Directory for bench.json, bench.md and bench.png."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Measure SpecRouter through its services against transformers in this process (greedy)."""
+    import json
+
+    from specrouter.client import SpecRouterError
+    from specrouter.pool.load import PoolDir
+    from specrouter.pool.manifest import PoolError
+    from specrouter.report import workloads
+    from specrouter.report.bench import (DEFAULT_KINDS, SWITCHING, SWITCHING_PAIR, BenchError, BenchSettings,
+                                         RichProgress, check_kinds, run_bench)
+    from specrouter.report.bench_format import check_lines, format_markdown, report_json, write_chart
+    from specrouter.report.scheduler_report import log_line
+    from specrouter.router.requests import MAX_WINDOW
+
+    _logging(verbose)
+    if min(requests, max_new_tokens, rounds) < 1:
+        _fail("INVALID_ARGUMENT", "--requests, --max-new-tokens and --rounds must be >= 1")
+    if not 1 <= three_level_window <= MAX_WINDOW:
+        _fail("INVALID_ARGUMENT", f"--three-level-window takes 1 to {MAX_WINDOW}, got {three_level_window}")
+    sizes, searched = _int_list(batch_sizes, "batch-sizes"), _int_list(windows, "windows", most=MAX_WINDOW)
+    try:
+        items = workloads.load_prompts(prompts) if prompts else workloads.builtin_prompts(BENCH_PER_KIND)
+    except (OSError, ValueError) as exc:
+        _fail("INVALID_ARGUMENT", str(exc))
+    if kinds is None:
+        present = list(dict.fromkeys(p.kind for p in items))
+        switching = [SWITCHING] if set(SWITCHING_PAIR) <= set(present) else []
+        asked = DEFAULT_KINDS if prompts is None else present + switching
+    else:
+        asked = list(dict.fromkeys(k.strip() for k in kinds.split(",") if k.strip()))
+    try:
+        if not asked:
+            raise BenchError(f"--kinds needs at least one kind, got {kinds!r}")
+        check_kinds(items, asked)
+        pool_dir = PoolDir.open(pool or default_pool()).directory
+    except (BenchError, PoolError) as exc:
+        _fail("INVALID_ARGUMENT", str(exc))
+    settings = BenchSettings(kinds=tuple(asked), batch_sizes=tuple(sizes), requests=requests,
+                             max_new_tokens=max_new_tokens, rounds=rounds, windows=tuple(searched),
+                             three_level_window=three_level_window)
+    _quiet_transformers()
+    try:
+        with RichProgress() as progress:
+            report = run_bench(pool_dir, settings, items, router=router, redis_url=redis_url, progress=progress,
+                               say=log_line)
+    except SpecRouterError as exc:
+        _fail(exc.code.name, exc.message)
+    except (BenchError, RuntimeError) as exc:   # a router of another pool; a cluster that did not start
+        _fail("FAILED_PRECONDITION", str(exc))
+    out.mkdir(parents=True, exist_ok=True)
+    data = report_json(report)
+    (out / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
+    markdown = format_markdown(report)
+    (out / "bench.md").write_text(markdown)
+    chart = write_chart(report, out / "bench.png")
+    if as_json:
+        print(json.dumps(data))
+    else:
+        typer.echo(markdown)
+        typer.echo("\n".join(check_lines(report)))
+    log_line(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and {chart}")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(ctx: typer.Context, service: str = typer.Argument(..., help="router, worker or profiler")) -> None:
     """Run one service in the foreground (for containers); its own options follow."""

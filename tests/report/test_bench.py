@@ -1,0 +1,434 @@
+"""`specrouter bench`: its statistics, checks, equality check, breakdown arithmetic and formatting; the
+transformers peers against a hand-rolled greedy loop on tiny random Llamas; one end-to-end run (slow)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specrouter.pool.manifest import PoolManifest, PoolMember
+from specrouter.report import peers as hf
+from specrouter.report.bench import (SWITCHING, Bench, BenchError, BenchReport, BenchSettings, ModelRow, Run,
+                                     ServiceConfig, check_kinds, requests_for, workloads)
+from specrouter.report.bench_format import (check_lines, column_labels, format_markdown, report_json,
+                                            write_chart)
+from specrouter.report.bench_results import (ADAPTIVE, FAIL, HF_TARGET, IN_PROCESS, NOT_RUN, PASS, SERVICES,
+                                             SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO, BreakdownSum, Cell, Entry,
+                                             Mismatch, Screened, Spread, agreeing, assisted_label, evaluate_checks,
+                                             find_mismatches, first_difference, set_ratios)
+from specrouter.report.workloads import Prompt
+from tests.conftest import DEMO_POOL
+
+# -- statistics -----------------------------------------------------------------------------------
+
+
+def test_spread_is_the_median_and_the_range_over_rounds() -> None:
+    s = Spread.of([10.0, 30.0, 20.0])
+    assert (s.median, s.low, s.high, s.runs) == (20.0, 10.0, 30.0, [10.0, 30.0, 20.0])
+    assert s.relative_range == pytest.approx(1.0)
+    assert Spread.of([10.0, 20.0]).median == 15.0    # even count: the mean of the middle two
+    with pytest.raises(ValueError):
+        Spread.of([])
+
+
+def test_requests_come_in_whole_waves_of_two_at_least() -> None:
+    assert [requests_for(8, b) for b in (1, 3, 4, 16)] == [8, 9, 8, 32]
+    assert requests_for(2, 1) == 2
+
+
+# -- the breakdown --------------------------------------------------------------------------------
+
+
+def _stats(cycles: int, total_ms: float, queue_ms: float, cycle_ms: float, choose_ms: float, prefill_ms: float,
+           levels: dict[str, tuple[int, float, float, float]]):
+    ms = lambda x: int(x * 1e6)   # noqa: E731
+    timing = {m: SimpleNamespace(calls=c, call_ns=ms(call), handler_ns=ms(h), forward_ns=ms(f))
+              for m, (c, call, h, f) in levels.items()}
+    breakdown = SimpleNamespace(cycle_ns=ms(cycle_ms), choose_ns=ms(choose_ms), prefill_ns=ms(prefill_ms),
+                                levels=timing)
+    return SimpleNamespace(cycles=cycles, total_ns=ms(total_ms), queue_ns=ms(queue_ms), breakdown=breakdown)
+
+
+def test_breakdown_is_per_cycle_over_every_request() -> None:
+    totals = BreakdownSum()
+    # request 1: 4 cycles of 10 ms; drafter calls 4 ms (handler 3, forward 2), target calls 5 (4.5, 4)
+    totals.observe(_stats(4, 60, 2, 40, 0.4, 6, {"d": (4, 4, 3, 2), "t": (4, 5, 4.5, 4)}), client_ns=int(61e6))
+    # request 2: 6 cycles
+    totals.observe(_stats(6, 90, 3, 60, 0.6, 9, {"d": (6, 6, 4.5, 3), "t": (6, 7.5, 6.75, 6)}), client_ns=int(93e6))
+    b = totals.summary()
+    assert (b.requests, b.cycles) == (2, 10)
+    assert b.forward_ms == pytest.approx({"d": 0.5, "t": 1.0})
+    assert b.handler_outside_forward_ms == pytest.approx((3 + 4.5 + 4.5 + 6.75 - 2 - 4 - 3 - 6) / 10)
+    assert b.transport_ms == pytest.approx((4 + 5 + 6 + 7.5 - 3 - 4.5 - 4.5 - 6.75) / 10)
+    assert b.router_in_cycle_ms == pytest.approx((100 - 22.5 - 1.0) / 10)
+    assert b.choose_ms == pytest.approx(0.1)
+    assert b.outside_cycles_ms == pytest.approx((150 - 5 - 15 - 100) / 10)
+    assert b.cycle_ms == pytest.approx(10.0)
+    assert b.client_side_ms_per_request == pytest.approx((154 - 150) / 2)
+
+
+def test_breakdown_is_unavailable_when_the_stats_do_not_carry_it() -> None:
+    totals = BreakdownSum()
+    totals.observe(_stats(4, 60, 2, 40, 0.4, 6, {"t": (4, 5, 4.5, 4)}), client_ns=1)
+    totals.observe(SimpleNamespace(cycles=3, total_ns=1, queue_ns=0), client_ns=1)   # an older router: no field
+    assert totals.summary() is None
+    assert BreakdownSum().summary() is None
+
+
+# -- equality -------------------------------------------------------------------------------------
+
+
+def test_first_difference_and_agreement() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 0]) == 2        # one stopped early
+    assert agreeing([[1, 2], [3, 4], [5]], [[1, 2], [3, 5], [5]]) == 2
+
+
+def test_a_mismatch_against_tmo_is_found_prompt_by_prompt() -> None:
+    reference = [[1, 2, 3], [4, 5, 6]]
+    runs = {TMO: [reference], ADAPTIVE: [reference, [[1, 2, 3], [4, 9, 6]]], "screening x W2": [[[1, 2, 3]]]}
+    found = find_mismatches("code", 4, reference, runs)
+    assert found == [Mismatch("code", 4, ADAPTIVE, 1, 1)]
+    assert find_mismatches("code", 4, reference, {ADAPTIVE: [reference]}) == []
+
+
+# -- ratios and checks ----------------------------------------------------------------------------
+
+
+def _entry(label: str, tps: float, path: str = SERVICES) -> Entry:
+    return Entry(label, path, None, 0, Spread.of([tps * 0.95, tps, tps * 1.05]))
+
+
+def _cell(kind: str, batch: int, speeds: dict[str, float]) -> Cell:
+    entries = [_entry(label, v, IN_PROCESS if label.startswith("hf") else SERVICES) for label, v in speeds.items()]
+    return Cell(kind, batch, 8, HF_TARGET, entries, [Screened(["d", "t"], 2, 1.0)])
+
+
+def _cells(adaptive_code: float = 150.0) -> list[Cell]:
+    return [_cell("code", 1, {HF_TARGET: 100.0, assisted_label("d"): 120.0, TMO: 95.0, ADAPTIVE: adaptive_code}),
+            _cell("code", 4, {HF_TARGET: 300.0, TMO: 280.0, ADAPTIVE: 360.0}),
+            _cell("repetitive", 1, {HF_TARGET: 100.0, TMO: 90.0, ADAPTIVE: 200.0})]
+
+
+def test_ratios_are_over_the_cells_reference_and_the_kinds_batch_one_generate() -> None:
+    cells = _cells()
+    set_ratios(cells)
+    assert cells[0].entry(ADAPTIVE).ratio == pytest.approx(1.5)
+    assert cells[1].entry(ADAPTIVE).ratio == pytest.approx(1.2)            # over batched generate at 4
+    assert cells[1].entry(ADAPTIVE).ratio_to_batch1 == pytest.approx(3.6)  # over generate at batch 1
+
+
+def test_checks_pass_fail_and_not_run() -> None:
+    checks = {c.name: c for c in evaluate_checks(_cells(), [], ["d"])}
+    status = {name: c.status for name, c in checks.items()}
+    assert status["services TMO >= 0.92x in-process target-only, code, batch 1"] == PASS      # 0.95
+    assert status["services TMO >= 0.92x in-process target-only, repetitive, batch 1"] == FAIL  # 0.90
+    assert status["adaptive >= 1.35x in-process target-only, code, batch 1"] == PASS          # 1.50
+    assert status["adaptive >= 1.15x the best transformers assisted generation, code, batch 1"] == PASS  # 1.25
+    assert status["adaptive >= 1.8x in-process target-only, repetitive, batch 1"] == PASS     # 2.00
+    assert status["adaptive >= 1.15x in-process batched target-only generate, code, batch 4"] == PASS  # 1.20
+    assert status["adaptive >= 1.15x in-process batched target-only generate, code, batch 16"] == NOT_RUN
+    assert status["greedy outputs equal across every services configuration"] == PASS
+    assert checks["adaptive >= 1.35x in-process target-only, code, batch 1"].value == pytest.approx(1.5)
+    # slower adaptive on code: both batch-1 code checks fail; a mismatch fails the equality check
+    failing = {c.name: c.status for c in evaluate_checks(_cells(adaptive_code=130.0),
+                                                         [Mismatch("code", 1, ADAPTIVE, 0, 3)], ["d"])}
+    assert failing["adaptive >= 1.35x in-process target-only, code, batch 1"] == FAIL
+    assert failing["adaptive >= 1.15x the best transformers assisted generation, code, batch 1"] == FAIL
+    assert failing["greedy outputs equal across every services configuration"] == FAIL
+
+
+def test_checks_of_cells_not_run_are_not_run_and_never_pass() -> None:
+    checks = evaluate_checks([_cell("prose", 1, {HF_TARGET: 100.0, TMO: 99.0, ADAPTIVE: 110.0})], [], ["d"])
+    status = {c.name: c.status for c in checks}
+    assert status["services TMO >= 0.92x in-process target-only, code, batch 1"] == NOT_RUN   # code always listed
+    assert status["services TMO >= 0.92x in-process target-only, prose, batch 1"] == PASS
+    assert sum(s == NOT_RUN for s in status.values()) == 6
+    assert evaluate_checks([], [], [])[-1].status == NOT_RUN
+
+
+# -- formatting -----------------------------------------------------------------------------------
+
+
+def _report() -> BenchReport:
+    cells = _cells()
+    totals = BreakdownSum()
+    totals.observe(_stats(4, 60, 2, 40, 0.4, 6, {"stdlib-1m": (4, 4, 3, 2), "stdlib-29m": (4, 5, 4.5, 4)}), int(61e6))
+    cells[0].entry(ADAPTIVE).breakdown = totals.summary()
+    set_ratios(cells)
+    mismatches = [Mismatch("code", 4, ADAPTIVE, 1, 7)]
+    return BenchReport(BenchSettings(kinds=("code", "repetitive")), [ModelRow("d", 10, "drafter"),
+                                                                     ModelRow("t", 100, "target")],
+                       cells, mismatches, evaluate_checks(cells, mismatches, ["d"]), 12.0)
+
+
+def test_markdown_has_the_tables_and_the_checks(tmp_path: Path) -> None:
+    report = _report()
+    text = format_markdown(report)
+    assert "| kind | batch | requests | hf-generate | hf-assisted:d | TMO | adaptive |" in text
+    assert "| code | 1 | 8 | 100.0 (1.00x) | 120.0 (1.20x) | 95.0 (0.95x) | 150.0 (1.50x) |" in text
+    assert ("| code | 4 | 8 | 300.0 (1.00x) [3.00x b1] | - | 280.0 (0.93x) [2.80x b1] | 360.0 (1.20x) [3.60x b1] |"
+            in text)
+    assert "| code | 1 | adaptive | 4 | 1m 0.50, 29m 1.00 |" in text      # the breakdown, names shortened
+    assert "| code | 4 | TMO | unavailable |" in text
+    assert "- FAIL: greedy outputs equal across every services configuration." in text
+    assert "code batch 4: adaptive, prompt 1, first differing token 7" in text
+    lines = check_lines(report)
+    assert lines[-1].startswith("FAIL  greedy outputs equal") and any(x.startswith("n/a ") for x in lines)
+    assert column_labels(report.cells) == [HF_TARGET, assisted_label("d"), TMO, ADAPTIVE]
+    data = json.loads(json.dumps(report_json(report)))
+    assert data["cells"][0]["entries"][3]["tokens_per_s"]["median"] == 150.0
+    assert data["checks"][-1]["status"] == FAIL
+    chart = write_chart(report, tmp_path / "bench.png")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the experiment design, without a cluster -----------------------------------------------------
+
+
+def test_workloads_cells_and_the_switching_run() -> None:
+    prompts = [Prompt("prose", f"p{i}") for i in range(3)] + [Prompt("repetitive", f"r{i}") for i in range(2)]
+    settings = BenchSettings(kinds=("prose", SWITCHING), batch_sizes=(1, 2), requests=4)
+    cells = workloads(prompts, settings, lambda text: [ord(c) for c in text])
+    assert [(c.kind, c.batch_size, len(c.prompts)) for c in cells] == [
+        ("prose", 1, 4), ("prose", 2, 4), (SWITCHING, 1, 8), (SWITCHING, 2, 8)]
+    assert cells[2].prompts == ["p0", "p1", "p2", "p0", "r0", "r1", "r0", "r1"]
+    assert cells[0].ids[0] == [ord("p"), ord("0")]
+    with pytest.raises(BenchError, match="code"):
+        check_kinds(prompts, ["code"])
+    with pytest.raises(BenchError, match=SWITCHING):
+        check_kinds(prompts[:3], [SWITCHING])
+
+
+class _FakeBench(Bench):
+    """A Bench whose runs are synthetic: every run of a prompt gives `[prompt index] * 3` and takes a second,
+    except that `wrong` gives a different token for prompt 1."""
+
+    def __init__(self, wrong: ServiceConfig | None = None):   # no client, no models
+        self.settings = BenchSettings(kinds=("code",), batch_sizes=(1,), requests=2, rounds=2, windows=(2, 3))
+        self.models = [ModelRow("s", 1, "drafter"), ModelRow("m", 5, "drafter"), ModelRow("t", 29, "target")]
+        self.target, self.drafters = "t", ["s", "m"]
+        self.wrong, self.calls = wrong, []
+        self.progress = _CountingProgress()
+
+    def services(self, config, prompts, batch):
+        self.calls.append(config)
+        outputs = [[i] * 3 for i in range(len(prompts))]
+        if config == self.wrong:
+            outputs[1] = [1, 9, 1]
+        speed = {("s", "t", 2): 30.0, ("s", "t", 3): 40.0, ("m", "t", 2): 50.0, ("m", "t", 3): 20.0}
+        seconds = len(prompts) * 3 / speed.get((*(config.chain or ()), config.window), 10.0)
+        return Run(len(prompts) * 3, seconds, outputs, [(SimpleNamespace(cycles=1), 0) for _ in prompts])
+
+    def in_process(self, label, ids, batch):
+        self.calls.append(label)
+        return Run(len(ids) * 3, 1.0, [[i] * 3 for i in range(len(ids))])
+
+
+class _CountingProgress:
+    def __init__(self):
+        self.total = self.done = 0
+
+    def start(self, total):
+        self.total = total
+
+    def advance(self, waves, description):
+        self.done += waves
+
+    def lower_total(self, waves):
+        self.total -= waves
+
+
+def test_plan_picks_the_smallest_drafters_best_window_and_the_best_two_level() -> None:
+    bench = _FakeBench()
+    screened = [Screened(["s", "t"], 2, 30.0), Screened(["s", "t"], 3, 40.0), Screened(["m", "t"], 2, 50.0)]
+    plan = bench.plan(screened)
+    assert plan == {TMO: ServiceConfig(("t",), 0), SSD_SMALLEST: ServiceConfig(("s", "t"), 3),
+                    SSD_TUNED: ServiceConfig(("m", "t"), 2), THREE_LEVEL: ServiceConfig(("s", "m", "t"), 4),
+                    ADAPTIVE: ServiceConfig(None, 0)}
+
+
+def test_a_cell_screens_then_runs_interleaved_rounds_and_checks_every_run() -> None:
+    bench = _FakeBench()
+    w = workloads([Prompt("code", "a"), Prompt("code", "b")], bench.settings, lambda t: [1, 2])[0]
+    bench.progress.start(bench.planned_waves(w))
+    cell, mismatches = bench.cell(w, 0)
+    assert mismatches == []
+    assert [s.window for s in cell.screening] == [2, 3, 2, 3]
+    labels = [e.label for e in cell.entries]
+    assert labels == [TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, ADAPTIVE, HF_TARGET, "hf-assisted:s", "hf-assisted:m"]
+    assert all(len(e.tokens_per_s.runs) == 2 for e in cell.entries)
+    assert cell.entry(SSD_TUNED).chain == ["m", "t"] and cell.entry(SSD_TUNED).window == 2
+    assert cell.entry(HF_TARGET).agrees_with_tmo == 2
+    assert cell.entry(TMO).breakdown is None            # the fake stats carry no breakdown: unavailable
+    # warm-up + 4 screenings + 2 rounds of 5 services configurations and 3 peers
+    assert len(bench.calls) == 1 + 4 + 2 * 8
+    first_round, second_round = bench.calls[5:13], bench.calls[13:]
+    assert set(map(str, first_round)) == set(map(str, second_round)) and first_round != second_round  # shuffled
+    assert bench.progress.done == bench.progress.total
+
+
+def test_a_services_configuration_that_differs_from_tmo_is_reported() -> None:
+    bench = _FakeBench(wrong=ServiceConfig(("s", "m", "t"), 4))
+    w = workloads([Prompt("code", "a"), Prompt("code", "b")], bench.settings, lambda t: [1, 2])[0]
+    _, mismatches = bench.cell(w, 0)
+    assert mismatches and {(m.label, m.prompt_index, m.position) for m in mismatches} == {(THREE_LEVEL, 1, 1)}
+
+
+def test_ssd_smallest_and_tuned_on_one_configuration_are_measured_once() -> None:
+    bench = _FakeBench()
+    bench.drafters, bench.models = ["m"], [ModelRow("m", 5, "drafter"), ModelRow("t", 29, "target")]
+    w = workloads([Prompt("code", "a"), Prompt("code", "b")], bench.settings, lambda t: [1, 2])[0]
+    bench.progress.start(bench.planned_waves(w))
+    cell, _ = bench.cell(w, 0)
+    assert cell.entry(SSD_TUNED).same_as == SSD_SMALLEST
+    assert bench.calls.count(ServiceConfig(("m", "t"), 2)) == 1 + 2     # screening, then one per round
+    assert bench.progress.done == bench.progress.total
+    # a mismatch of the shared configuration is reported once per run, under the label that measured it
+    bench = _FakeBench(wrong=ServiceConfig(("m", "t"), 2))
+    bench.drafters, bench.models = ["m"], [ModelRow("m", 5, "drafter"), ModelRow("t", 29, "target")]
+    _, mismatches = bench.cell(w, 0)
+    assert sorted(m.label for m in mismatches) == [SSD_SMALLEST, SSD_SMALLEST, "screening m,t W2"]
+
+
+# -- the transformers peers on tiny random Llamas -------------------------------------------------
+
+TINY_HIDDEN, TINY_LAYERS, SHARPNESS = 32, 2, 8.0
+
+
+def _tiny(seed: int, vocab: int, layers: int = TINY_LAYERS) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=TINY_HIDDEN, intermediate_size=2 * TINY_HIDDEN,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+                         pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(SHARPNESS)   # peaked next-token distributions: no near ties to flip
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_pool(tmp_path_factory) -> Path:
+    """A two-model pool of tiny random Llamas (a few hundred K parameters) with the demo pool's tokenizer."""
+    root = tmp_path_factory.mktemp("tiny-pool")
+    vocab = json.loads((DEMO_POOL / "stdlib-29m" / "config.json").read_text())["vocab_size"]
+    for name, seed, layers in (("t", 1, 2), ("d", 2, 1)):
+        _tiny(seed, vocab, layers).save_pretrained(root / name)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(DEMO_POOL / "stdlib-29m" / f, root / name / f)
+    PoolManifest("t", [PoolMember("t", "t"), PoolMember("d", "d")]).save(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def peers(tiny_pool: Path) -> hf.PeerModels:
+    return hf.PeerModels.load(tiny_pool)
+
+
+def _greedy_loop(model, prompt: list[int], n: int, eos: int | None) -> list[int]:
+    """Greedy decoding by hand: the whole sequence through the model at every step, argmax of the last."""
+    tokens = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model(torch.tensor([tokens])).logits   # [1, len, vocab]
+            tokens.append(int(logits[0, -1].argmax()))
+            if tokens[-1] == eos:
+                break
+    return tokens[len(prompt):]
+
+
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, x):"]
+
+
+def test_peers_encode_as_the_router_does(peers: hf.PeerModels) -> None:
+    ids = peers.encode(PROMPTS[0])
+    assert ids == peers.tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    assert ids[0] != peers.tokenizer.bos_token_id
+    assert peers.drafters() == ["d"] and peers.target == "t"
+
+
+def test_target_only_generate_gives_the_greedy_loops_tokens(peers: hf.PeerModels) -> None:
+    target = peers.models["t"]
+    for text in PROMPTS:
+        ids = peers.encode(text)
+        want = _greedy_loop(target, ids, 12, peers.eos_token_id)
+        assert hf.generate_target(peers, ids, 12) == want
+        assert hf.generate_assisted(peers, "d", ids, 12) == want
+
+
+class _StopAt(hf.PeerModels):
+    """The same models with another EOS id: where a generation stops is then known in advance."""
+
+    def __init__(self, peers: hf.PeerModels, eos: int):
+        super().__init__(peers.tokenizer, peers.models, peers.target)
+        self._eos = eos
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._eos
+
+
+def test_the_peers_stop_at_eos_and_keep_it_as_the_router_does(peers: hf.PeerModels) -> None:
+    ids = peers.encode(PROMPTS[1])
+    free = _greedy_loop(peers.models["t"], ids, 12, None)
+    eos = free[5]
+    stopped = free[: free.index(eos) + 1]
+    stopping = _StopAt(peers, eos)
+    assert hf.generate_target(stopping, ids, 12) == stopped
+    assert hf.generate_assisted(stopping, "d", ids, 12) == stopped
+    assert hf.generate_batched(stopping, [ids, peers.encode(PROMPTS[0])], 12)[0] == stopped
+
+
+def test_batched_generate_left_pads_and_gives_each_rows_greedy_tokens(peers: hf.PeerModels) -> None:
+    prompts = [peers.encode(t) for t in PROMPTS]
+    ids, mask = hf.left_pad(prompts, pad=0)
+    longest = max(map(len, prompts))
+    assert ids.shape == mask.shape == (3, longest)
+    assert mask[0].tolist() == [0] * (longest - len(prompts[0])) + [1] * len(prompts[0])
+    want = [_greedy_loop(peers.models["t"], p, 10, peers.eos_token_id) for p in prompts]
+    assert hf.generate_batched(peers, prompts, 10) == want
+
+
+def test_room_and_trim_follow_the_routers_limits() -> None:
+    assert hf.room(prompt_len=10, max_new_tokens=64, context_length=32) == 21   # stops at 31 tokens held
+    assert hf.room(prompt_len=40, max_new_tokens=64, context_length=32) == 0
+    assert hf.trim_at_eos([5, 6, 0, 0, 0], eos=0, limit=4) == [5, 6, 0]
+    assert hf.trim_at_eos([5, 6, 7], eos=0, limit=2) == [5, 6]
+
+
+# -- end to end (slow) ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_end_to_end_through_a_local_cluster() -> None:
+    from specrouter.report.bench import run_bench
+    from specrouter.report.workloads import builtin_prompts
+
+    settings = BenchSettings(kinds=("code",), batch_sizes=(1,), requests=2, max_new_tokens=8, rounds=1, windows=(2,))
+    report = run_bench(DEMO_POOL, settings, builtin_prompts(2))
+    assert [(c.kind, c.batch_size, c.requests) for c in report.cells] == [("code", 1, 2)]
+    cell = report.cells[0]
+    labels = {e.label for e in cell.entries}
+    assert {TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, ADAPTIVE, HF_TARGET} <= labels
+    assert {assisted_label(m.name) for m in report.models if m.role != "target"} <= labels
+    assert len(cell.screening) == len(report.models) - 1                # every two-level chain at window 2
+    assert report.mismatches == []
+    assert report.checks[-1].status == PASS
+    assert all(e.tokens_per_s.median > 0 and e.ratio is not None for e in cell.entries)
+    for e in cell.entries:
+        if e.path == SERVICES and not e.same_as:
+            b = e.breakdown
+            assert b is not None, f"{e.label}: the results carry no stats.breakdown"
+            assert b.cycles > 0 and set(b.forward_ms) <= {m.name for m in report.models}
+            assert b.forward_ms[[m.name for m in report.models if m.role == "target"][0]] > 0
+    assert cell.entry(HF_TARGET).agrees_with_tmo is not None
+    json.dumps(report_json(report))
+    assert "| code | 1 | 2 |" in format_markdown(report)
