@@ -31,17 +31,21 @@ def configure(default_service_name: str, env: Mapping[str, str]) -> None:
         "otlp" if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") else "none")
     resource = Resource.create({SERVICE_NAME: env.get("OTEL_SERVICE_NAME") or default_service_name})
     provider = TracerProvider(resource=resource)
+    exporting = False
     for name in exporter_name.split(","):
         name = name.strip()
         if name == "otlp":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            exporting = True
         elif name == "console":
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            exporting = True
         elif name not in ("none", ""):
             raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: use otlp, console or none")
-    trace.set_tracer_provider(provider)
+    if exporting:   # otherwise the API's no-op tracer: spans that go nowhere cost nothing to record,
+        trace.set_tracer_provider(provider)   # and the trace context still travels between services
     from opentelemetry.instrumentation.grpc import GrpcInstrumentorClient, GrpcInstrumentorServer
 
     GrpcInstrumentorServer().instrument()
