@@ -18,6 +18,10 @@ from specrouter.v1 import profiler_pb2_grpc
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 1024  # cycles waiting to be reported; beyond it the oldest measurements are dropped
+# Cycles are reported together, at most this often: one RPC (and one profiler update) per period instead
+# of per cycle keeps the profiler off the cores the models need; the router reads the metrics back
+# every `snapshot_refresh_s` (a second by default), so nothing it decides on is older for it.
+REPORT_PERIOD_S = 0.2
 
 
 def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportRequest:
@@ -85,13 +89,19 @@ class Reporter:
                 return
             merged, ctx = pb.ReportRequest(), first[1]
             merged.MergeFrom(first[0])
-            while not self._queue.empty():  # one RPC for everything that piled up
-                nxt = self._queue.get_nowait()
+            deadline, closing = time.monotonic() + REPORT_PERIOD_S, False
+            while (left := deadline - time.monotonic()) > 0:   # one RPC for every cycle of the period
+                try:
+                    nxt = self._queue.get(timeout=left)
+                except queue.Empty:
+                    break
                 if nxt is None:
-                    self._send(merged, ctx)
-                    return
+                    closing = True
+                    break
                 merged.MergeFrom(nxt[0])
             self._send(merged, ctx)
+            if closing:
+                return
 
     def _send(self, request: pb.ReportRequest, ctx) -> None:
         token = otel_context.attach(ctx)  # the report RPC joins the trace of the (first) cycle it reports
