@@ -124,7 +124,7 @@ class BreakdownSum:
         calls = sum(level.call_ns for level in self.levels.values())
         handlers = sum(level.handler_ns for level in self.levels.values())
         forwards = sum(level.forward_ns for level in self.levels.values())
-        outside = self.total_ns - self.queue_ns - self.prefill_ns - self.cycle_ns
+        outside = self.total_ns - self.queue_ns - self.cycle_ns   # the queue ends after the prefill
         return Breakdown(
             requests=self.requests, cycles=self.cycles,
             forward_ms={m: per_cycle(level.forward_ns) for m, level in sorted(self.levels.items())},
@@ -148,7 +148,7 @@ class Breakdown:
     transport_ms: float                 # the router's calls less the handlers: gRPC, serialization, transport
     router_in_cycle_ms: float           # the router's cycle less its calls and its choice
     choose_ms: float                    # the router's chain and window decision
-    outside_cycles_ms: float            # total - queue - prefill - cycles: admission, batching, hand-over
+    outside_cycles_ms: float            # total - queue - cycles (the queue holds the prefill): the batcher's loop
     cycle_ms: float                     # the router's cycle, all of it
     client_side_ms_per_request: float   # the client's wall time of a call less the router's total, per request
 
