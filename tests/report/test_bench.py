@@ -432,3 +432,22 @@ def test_bench_end_to_end_through_a_local_cluster() -> None:
     assert cell.entry(HF_TARGET).agrees_with_tmo is not None
     json.dumps(report_json(report))
     assert "| code | 1 | 2 |" in format_markdown(report)
+
+
+def test_progress_without_a_terminal_prints_a_line_per_phase() -> None:
+    import io
+
+    from rich.console import Console
+
+    from specrouter.report.bench import RichProgress
+
+    out = io.StringIO()
+    with RichProgress(Console(file=out, force_terminal=False, width=100)) as progress:
+        progress.start(10)
+        progress.advance(1, "code B=1 warm-up")
+        progress.advance(2, "code B=1 round 1/3")
+        progress.advance(2, "code B=1 round 1/3")
+        progress.advance(5, "code B=1 round 2/3")
+    lines = [line for line in out.getvalue().splitlines() if "waves" in line]
+    assert [line.split(":")[0] for line in lines] == ["code B=1 warm-up", "code B=1 round 1/3", "code B=1 round 2/3"]
+    assert "3/10 waves" in lines[1] and "10/10 waves" in lines[2]

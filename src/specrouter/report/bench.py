@@ -372,16 +372,19 @@ def run_bench(pool_dir: Path, settings: BenchSettings, prompts: Sequence[Prompt]
 
 
 class RichProgress(Progress):
-    """A rich progress bar on stderr over the generate waves (stdout stays for the report)."""
+    """A rich progress bar on stderr over the generate waves (stdout stays for the report). Where stderr
+    is no terminal (a log file, CI) the bar cannot redraw, so each new phase prints one line instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, console=None) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
         from rich.progress import Progress as Bar
 
+        self.console = console or Console(stderr=True)
         self.bar = Bar(TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+                       TimeRemainingColumn(), console=self.console, transient=False)
         self.task = None
+        self._phase = ""
 
     def __enter__(self) -> RichProgress:
         self.bar.start()
@@ -395,6 +398,11 @@ class RichProgress(Progress):
 
     def advance(self, waves: int, description: str) -> None:
         self.bar.update(self.task, advance=waves, description=description)
+        if not self.console.is_terminal and description != self._phase:
+            self._phase = description
+            task = self.bar.tasks[0]
+            self.console.print(f"{description}: {task.completed:g}/{task.total:g} waves, {task.elapsed or 0:.0f} s",
+                               highlight=False)
 
     def lower_total(self, waves: int) -> None:
         if waves:
