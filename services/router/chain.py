@@ -36,8 +36,10 @@ FINISH_STOP = "stop"      # EOS or a stop sequence
 FINISH_LENGTH = "length"  # max_new_tokens or the context
 TARGET_ONLY_BLOCK = 4     # tokens per call of a target-only cycle when the window is left open (0)
 
-# Calls that go to every worker (prefill, release) go out together: each worker is its own process (or
-# device), so a row joins after the slowest prefill, not after the sum of them.
+# Calls that go to every worker (prefill, release) go out together to the workers in other processes (or
+# devices), so a row joins after the slowest prefill, not after the sum of them. Engines in this process
+# are called in turn on the calling thread: they share its cores anyway, and a forward pass on another
+# thread would start a second OpenMP team that slows every later pass of this one.
 _FAN_OUT = ThreadPoolExecutor(max_workers=16, thread_name_prefix="worker-fan-out")
 
 
@@ -170,11 +172,21 @@ class ChainBatch:
         """`call` on every worker at once, its results by model; the first failure is raised, as a
         `WorkerCallFailed` naming its model, once all have answered (so that a caller cleaning up after it
         finds no call still in flight)."""
-        futures = {name: _FAN_OUT.submit(call, worker) for name, worker in self.workers.items()}
+        futures = {name: _FAN_OUT.submit(call, worker) for name, worker in self.workers.items()
+                   if getattr(worker, "remote", False)}
+        outcomes: dict[str, tuple[T | None, BaseException | None]] = {}
+        for name, worker in self.workers.items():
+            if name not in futures:
+                try:
+                    outcomes[name] = (call(worker), None)
+                except Exception as exc:  # noqa: BLE001 - raised below, once every worker has answered
+                    outcomes[name] = (None, exc)
         for name, f in futures.items():
-            if f.exception() is not None:
-                raise WorkerCallFailed(name, f.exception())
-        return {name: f.result() for name, f in futures.items()}
+            outcomes[name] = (None, f.exception()) if f.exception() is not None else (f.result(), None)
+        for name in self.workers:
+            if outcomes[name][1] is not None:
+                raise WorkerCallFailed(name, outcomes[name][1])
+        return {name: outcomes[name][0] for name in self.workers}
 
     def release(self) -> None:
         if self.rows:

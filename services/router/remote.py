@@ -15,6 +15,7 @@ MAX_MESSAGE_BYTES = 256 * 2**20  # the worker enforces its own, smaller limit
 
 
 class RemoteWorker:
+    remote = True   # its calls run in another process: calls to several workers may overlap
     def __init__(self, address: str, channel: grpc.Channel | None = None, timeout_s: float = 60.0):
         self.address = address
         self.channel = channel or grpc.insecure_channel(

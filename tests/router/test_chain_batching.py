@@ -112,7 +112,9 @@ def test_bad_chains_are_refused(tiny_pool) -> None:
 
 
 class _Gate:
-    """A worker whose prefill and release wait until every worker of the pool has been called."""
+    """A worker in another process whose prefill and release wait until every worker has been called."""
+
+    remote = True
 
     def __init__(self, name: str, barrier, fail: bool = False):
         self.name, self.barrier, self.fail, self.calls = name, barrier, fail, []
@@ -145,6 +147,25 @@ def test_prefill_and_release_reach_every_worker_at_once() -> None:
     with pytest.raises(RuntimeError, match="m: out of memory"):
         batch.add([new_row(1, [1, 2])])
     assert not batch.rows and all(w.calls == ["prefill"] for w in failing.values())
+
+
+def test_engines_in_this_process_are_called_in_turn_on_the_calling_thread(tiny_pool) -> None:
+    """In-process engines share this process's cores: calling them from other threads gains nothing and
+    starts OpenMP teams that slow this thread's forward passes."""
+    import threading
+
+    seen = []
+    for engine in tiny_pool.values():
+        real = engine.prefill
+        engine.prefill = lambda *a, _real=real, **k: (seen.append(threading.current_thread()), _real(*a, **k))[1]
+    try:
+        batch = ChainBatch(tiny_pool, "t", CONTEXT)
+        batch.add([new_row(0, [1, 2, 3])])
+        batch.release()
+    finally:
+        for engine in tiny_pool.values():
+            del engine.prefill
+    assert seen == [threading.current_thread()] * len(tiny_pool)
 
 
 def test_prompt_agreement_counts_where_two_models_guess_alike() -> None:
