@@ -69,6 +69,8 @@ def pool(tiny_pool):
         for attr in ("draft", "verify", "prefill", "probe"):
             if attr in vars(engine) and attr not in saved[name]:
                 delattr(engine, attr)
+        for state in engine.state_ids():   # a model dropped from a batch keeps its rows until their TTL
+            engine.release(state)
 
 
 @pytest.fixture()
