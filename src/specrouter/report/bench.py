@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import random
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +37,7 @@ from specrouter.report.bench_results import (
     ADAPTIVE, HF_TARGET, IN_PROCESS, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO, Breakdown, BreakdownSum, Cell,
     Check, Entry, Mismatch, Screened, Spread, agreeing, assisted_label, evaluate_checks, find_mismatches, set_ratios,
     tokens_per_s)
+from specrouter.report.inflight import in_flight
 from specrouter.report.workloads import Prompt, by_kind
 
 SWITCHING = "switching"
@@ -217,24 +216,12 @@ class Bench:
         """All prompts, `batch` requests in flight at a time (a thread each), in order."""
         params = dict(max_new_tokens=self.settings.max_new_tokens, temperature=0.0, chain=config.spec,
                       window=config.window)
-        index, lock = iter(range(len(prompts))), threading.Lock()
-        results: list = [None] * len(prompts)
+        def one(i: int):
+            started = time.perf_counter_ns()
+            result = self.client.generate(prompts[i], **params)
+            return result, time.perf_counter_ns() - started
 
-        def worker() -> None:
-            while True:
-                with lock:
-                    i = next(index, None)
-                if i is None:
-                    return
-                started = time.perf_counter_ns()
-                result = self.client.generate(prompts[i], **params)
-                results[i] = (result, time.perf_counter_ns() - started)
-
-        started = time.perf_counter()
-        with ThreadPoolExecutor(batch) as pool:
-            for f in [pool.submit(worker) for _ in range(batch)]:
-                f.result()
-        seconds = time.perf_counter() - started
+        results, seconds = in_flight(one, len(prompts), batch)
         outputs = [r.token_ids for r, _ in results]
         return Run(sum(len(o) for o in outputs), seconds, outputs, [(r.stats, ns) for r, ns in results])
 

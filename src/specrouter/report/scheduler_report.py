@@ -41,16 +41,15 @@ import math
 import random
 import statistics
 import sys
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
 
 from specrouter.client import Client
+from specrouter.report.inflight import in_flight
 from specrouter.report.workloads import Prompt
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
@@ -175,23 +174,8 @@ class SchedulerReport:
         """All prompts, `batch` in flight at a time, in order: (tokens, seconds, results)."""
         params = dict(max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature,
                       chain=config.spec, window=config.window if config.chain is not None else 0)
-        index = iter(range(len(prompts)))
-        lock = threading.Lock()
-        results: list = [None] * len(prompts)
-
-        def worker() -> None:
-            while True:
-                with lock:
-                    i = next(index, None)
-                if i is None:
-                    return
-                results[i] = self.client.generate(prompts[i], seed=seed + i, **params)
-
-        started = time.perf_counter()
-        with ThreadPoolExecutor(batch) as pool:
-            for f in [pool.submit(worker) for _ in range(batch)]:
-                f.result()
-        elapsed = time.perf_counter() - started
+        results, elapsed = in_flight(lambda i: self.client.generate(prompts[i], seed=seed + i, **params),
+                                     len(prompts), batch)
         return sum(len(r.token_ids) for r in results), elapsed, results
 
     def _run(self, config: Config, prompts: Sequence[str], batch: int, into: Measured, seed: int) -> None:
