@@ -38,6 +38,7 @@ from specrouter.report.bench_results import (
     Check, Entry, Mismatch, Screened, Spread, agreeing, assisted_label, evaluate_checks, find_mismatches, set_ratios,
     tokens_per_s)
 from specrouter.report.inflight import in_flight
+from specrouter.report.scheduler_report import Config as ServiceConfig   # (chain or None for adaptive, window)
 from specrouter.report.workloads import Prompt, by_kind
 
 SWITCHING = "switching"
@@ -59,16 +60,6 @@ class BenchSettings:
     three_level_window: int = 4
     screening_waves: int = 2          # waves of a cell the screening runs over
     seed: int = 1234
-
-
-@dataclass(frozen=True)
-class ServiceConfig:
-    chain: tuple[str, ...] | None     # None: adaptive
-    window: int
-
-    @property
-    def spec(self) -> str:
-        return "auto" if self.chain is None else ",".join(self.chain)
 
 
 @dataclass(frozen=True)
