@@ -14,11 +14,64 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specrouter.worker.state import MaskedKVState
 
 PAD_TOKEN_ID = 0  # what a hole holds; never attended to
+ROOM_MIN = 64      # columns of room a buffer is given past what it holds when it grows
+
+
+class RoomLayer(CacheLayerMixin):
+    """One layer's cache over a buffer with room past its length: an update writes the new columns in place.
+
+    Transformers' DynamicLayer concatenates the whole cache with every step's new columns, a copy that
+    grows with the context. Here a buffer [B, H, C, D] is written at [L, L + k) and the attention reads the
+    view [:, :, :L + k]; when the room runs out the buffer grows by half its length (at least ROOM_MIN),
+    so copies are amortised to O(1) per token.
+    """
+
+    is_sliding = False
+
+    def __init__(self, key_room: torch.Tensor, value_room: torch.Tensor, length: int):
+        super().__init__()
+        self.key_room, self.value_room, self.length = key_room, value_room, length
+        self.keys, self.values = key_room[:, :, :length], value_room[:, :, :length]
+        self.device = key_room.device
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass  # the buffers exist from the start
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self.key_room.shape[2]:
+            capacity = end + max(ROOM_MIN, end // 2)
+            self.key_room = _grown(self.key_room, self.length, capacity)
+            self.value_room = _grown(self.value_room, self.length, capacity)
+        self.key_room[:, :, self.length:end] = key_states
+        self.value_room[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+def _grown(room: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
+    """A buffer [B, H, capacity, D] holding the first `length` columns of `room`."""
+    b, h, _, d = room.shape
+    out = room.new_empty(b, h, capacity, d)
+    out[:, :, :length] = room[:, :, :length]
+    return out
 
 
 @dataclass(frozen=True)
@@ -66,11 +119,13 @@ class ModelForward:
         before = state.valid_lengths()                                  # [B]
         positions = before[:, None] + (valid.long().cumsum(1) - 1).clamp(min=0)  # [B, k] logical
         mask4 = self._attention_mask(state.mask, valid)                 # [B, 1, k, L + k]
-        cache = DynamicCache(ddp_cache_data=list(zip(state.keys, state.values)))
+        key_room = state.key_room or state.keys
+        value_room = state.value_room or state.values
+        cache = Cache(layers=[RoomLayer(kr, vr, state.length) for kr, vr in zip(key_room, value_room)])
         out = self.model(input_ids=torch.where(valid, tokens, PAD_TOKEN_ID), attention_mask=mask4,
                          position_ids=positions, use_cache=True, **{self._cache_kwarg: cache})
         logits = out.logits.float()
-        state.append([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], tokens, valid)
+        state.append([layer.key_room for layer in cache.layers], [layer.value_room for layer in cache.layers], tokens, valid)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         timing = ForwardTiming(time.perf_counter_ns() - start, b, k, int(valid.sum()))

@@ -13,6 +13,12 @@ cache is still valid. Instead of copying caches, every physical column carries a
   Keys are stored already rotated by their logical positions, so moving columns never changes them.
 - Compaction left-aligns every row's valid entries when holes pile up.
 - Rows join (another state's rows appended, the shorter side padded with holes) and leave (filtered).
+
+Keys and values live in buffers with room past L (`key_room`, `value_room`, per layer [B, H, C >= L, D]);
+`keys[l]` is the view of the first L columns. A forward pass writes its new columns into the room in place
+instead of concatenating the whole cache each step, and truncation only shortens the view. Operations
+that build new tensors (join, leave, compaction) leave the state without room; the next forward pass
+makes it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class MaskedKVState:
     values: list[torch.Tensor]  # per layer [B, H, L, D]
     tokens: torch.Tensor        # [B, L] long
     mask: torch.Tensor          # [B, L] bool, True = valid
+    key_room: list[torch.Tensor] | None = None    # per layer [B, H, C >= L, D]; keys[l] is its first L columns
+    value_room: list[torch.Tensor] | None = None
     last_used: float = field(default_factory=time.monotonic)
 
     @classmethod
@@ -68,10 +76,14 @@ class MaskedKVState:
     def row_tokens(self, b: int) -> list[int]:
         return self.tokens[b][self.mask[b]].tolist()
 
-    def append(self, keys: list[torch.Tensor], values: list[torch.Tensor],
+    def append(self, key_room: list[torch.Tensor], value_room: list[torch.Tensor],
                tokens: torch.Tensor, valid: torch.Tensor) -> None:
-        """Takes the caches a forward pass grew, and the tokens [B, k] and validity [B, k] it appended."""
-        self.keys, self.values = keys, values
+        """Takes the buffers a forward pass wrote k more columns into, and the tokens [B, k] and validity
+        [B, k] it appended."""
+        length = self.length + tokens.shape[1]
+        self.key_room, self.value_room = key_room, value_room
+        self.keys = [k[:, :, :length] for k in key_room]
+        self.values = [v[:, :, :length] for v in value_room]
         self.tokens = torch.cat([self.tokens, tokens], dim=1)
         self.mask = torch.cat([self.mask, valid], dim=1)
 
@@ -90,7 +102,7 @@ class MaskedKVState:
         any_valid = self.mask.any(dim=0)
         keep = int(any_valid.nonzero().max()) + 1 if bool(any_valid.any()) else 0
         if keep < self.length:
-            self._take_columns(slice(0, keep))
+            self._keep_columns(keep)
 
     def compact(self) -> None:
         """Left-aligns every row's valid entries and drops the columns that then hold only holes."""
@@ -106,6 +118,7 @@ class MaskedKVState:
         idx = order[:, None, :, None]
         self.keys = [k.gather(2, idx.expand(-1, k.shape[1], -1, k.shape[3])) for k in self.keys]
         self.values = [v.gather(2, idx.expand(-1, v.shape[1], -1, v.shape[3])) for v in self.values]
+        self.key_room = self.value_room = None
 
     def select(self, row_ids: list[str]) -> None:
         """Keeps only `row_ids`, in that order (rows leaving the batch, or a new row order)."""
@@ -120,6 +133,7 @@ class MaskedKVState:
         self.tokens, self.mask = self.tokens[rows], self.mask[rows]
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
+        self.key_room = self.value_room = None
         self.truncate()
 
     def join(self, other: MaskedKVState) -> None:
@@ -134,6 +148,7 @@ class MaskedKVState:
         self.mask = torch.cat([a[1], b[1]])
         self.keys = [torch.cat([x, y]) for x, y in zip(a[2], b[2])]
         self.values = [torch.cat([x, y]) for x, y in zip(a[3], b[3])]
+        self.key_room = self.value_room = None
 
     def _padded(self, length: int):
         pad = length - self.length
@@ -145,7 +160,8 @@ class MaskedKVState:
         grow = lambda t: torch.cat([t, t.new_zeros(b, t.shape[1], pad, t.shape[3])], dim=2)  # noqa: E731
         return tokens, mask, [grow(k) for k in self.keys], [grow(v) for v in self.values]
 
-    def _take_columns(self, cols: slice) -> None:
-        self.tokens, self.mask = self.tokens[:, cols], self.mask[:, cols]
-        self.keys = [k[:, :, cols] for k in self.keys]
-        self.values = [v[:, :, cols] for v in self.values]
+    def _keep_columns(self, keep: int) -> None:
+        """Keeps the first `keep` columns: views, so the room behind them stays for the next append."""
+        self.tokens, self.mask = self.tokens[:, :keep], self.mask[:, :keep]
+        self.keys = [k[:, :, :keep] for k in self.keys]
+        self.values = [v[:, :, :keep] for v in self.values]

@@ -115,3 +115,44 @@ def test_rows_join_and_leave(fwd: ModelForward) -> None:
     torch.testing.assert_close(logits[1, :2], fresh_logits(fwd, [1, 2, 3, 4, 5, 16, 17])[-2:], atol=ATOL, rtol=0)
     with pytest.raises(StateError):
         a.join(fwd.empty_state(["a"]))
+
+
+def test_decode_steps_write_into_the_room_without_copying_the_cache(fwd: ModelForward) -> None:
+    """After a prefill the buffer has room: each one-token step, and a rollback then a step, writes in place
+    (same storage); a join builds new tensors and the next step makes room again. Logits stay exact."""
+    state = fwd.empty_state(["a"])
+    seq = [3, 1, 4, 1, 5, 9, 2, 6]
+    append(fwd, state, [seq])
+    room = state.key_room[0].data_ptr()
+    assert state.key_room[0].shape[2] > state.length
+    for x in [5, 3, 5]:
+        logits = append(fwd, state, [[x]])
+        seq.append(x)
+        assert state.key_room[0].data_ptr() == room
+        assert state.keys[0].data_ptr() == room and state.keys[0].shape[2] == len(seq)
+    torch.testing.assert_close(logits[0, -1], fresh_logits(fwd, seq)[-1], atol=ATOL, rtol=0)
+    state.rollback(torch.tensor([2]))
+    seq = seq[:-2]
+    logits = append(fwd, state, [[7]])
+    seq.append(7)
+    assert state.key_room[0].data_ptr() == room
+    torch.testing.assert_close(logits[0, -1], fresh_logits(fwd, seq)[-1], atol=ATOL, rtol=0)
+
+    other = fwd.empty_state(["b"])
+    append(fwd, other, [[2, 7, 1, 8]])
+    state.join(other)
+    assert state.key_room is None
+    logits = append(fwd, state, [[9], [9]])
+    assert state.key_room is not None and state.key_room[0].shape[2] > state.length
+    torch.testing.assert_close(logits[0, -1], fresh_logits(fwd, seq + [9])[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1, -1], fresh_logits(fwd, [2, 7, 1, 8, 9])[-1], atol=ATOL, rtol=0)
+
+
+def test_the_room_grows_when_a_block_outruns_it(fwd: ModelForward) -> None:
+    state = fwd.empty_state(["a"])
+    append(fwd, state, [[1, 2, 3]])
+    capacity = state.key_room[0].shape[2]
+    seq = [1, 2, 3] + [(i % 50) + 1 for i in range(capacity)]
+    logits = append(fwd, state, [seq[3:]])
+    assert state.key_room[0].shape[2] >= len(seq)
+    torch.testing.assert_close(logits[0], fresh_logits(fwd, seq)[3:], atol=ATOL, rtol=0)
