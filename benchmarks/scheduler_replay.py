@@ -53,10 +53,10 @@ from specrouter.worker.forward import ForwardTiming
 from specrouter.worker.sampling import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
-# least squares over the mean cycle times of the batch-1 statics of two levels and target-only (windows
-# 2, 4, 6 and 8, code, tables, prose and the switching stream; README, run 19; 6.6 ms rms, most of it
-# the context: tables' cycles cost a quarter more than code's). Runs 9-11 had fitted 1.41, 3.4, 3.8 and
-# 8.7: the cluster's cycles have since doubled, a drafted token's share of a cycle with them.
+# per pass and per call, least squares over the mean cycle times of the batch-1 two-level and target-only
+# statics (windows 2, 4, 6 and 8; code, tables, prose and the switching stream) of one scheduler report:
+# run 19 in benchmarks/RESULTS.md. A fixed cost per cycle is what lets the replay rank scheduler changes
+# exactly; what it leaves out (the context's cost, timing noise) is what the live report measures.
 PASS_MS = {"stdlib-1m": 4.24, "stdlib-5m": 8.76, "stdlib-29m": 20.77}
 CALL_MS = 4.44
 # what a row beyond the first adds to a pass, as a fraction of one row's: forward passes at batch 1 and 4

@@ -18,9 +18,9 @@ checks is taken as n steps of `acceptance_alpha`, each bringing x / n,
 so the rate ema[1] / ema[2] is the EMA, check by check, of whether a check was accepted (ema[2] is the
 EMA of a constant 1), and the totals are exact counts. Counted in reports, the memory would be a fixed
 number of cycles whatever the batch: at batch 1 that is a few dozen checks, the acceptance of the last
-request or two, and a scheduler reading it chases one request's luck (on prose the demo pool's rate at
-position 0 swung between 0.75 and 0.97 from one request to the next, and long windows picked on a high
-swing emitted 40% less than predicted); at batch 16 the same number of reports is hundreds of checks.
+request or two, and a scheduler reading it chases one request's luck (long windows picked on a lucky
+request's rates emit far fewer tokens than predicted); at batch 16 the same number of reports is
+hundreds of checks.
 
 Batch size and tokens per row are kept exactly up to 16 (windows of 1 to 8 verify 2 to 9 tokens, and 3
 tokens cost measurably less than 4 on a CPU), beyond that per power-of-two bucket (17..32 -> 32): a

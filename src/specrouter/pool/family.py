@@ -1,7 +1,7 @@
 """The shapes of the demo pool: Llama-architecture models with tied embeddings, one tokenizer.
 
 Sizes span about 30x in parameters so that drafter/target cost ratios resemble
-llama-68m / TinyLlama-1.1B / Llama-2-7b (design.md section 7).
+a llama-68m / TinyLlama-1.1B / Llama-2-7b chain (drafter, intermediate, target).
 """
 
 from __future__ import annotations

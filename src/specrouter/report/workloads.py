@@ -3,9 +3,9 @@
 - `code`: held-out standard-library snippets, like the pool's training text (`pool.prompts`).
 - `repetitive`: literal tables and runs of near-identical statements named after held-out identifiers;
   each prompt stops mid-line, so its continuation repeats the pattern and even the smallest drafter
-  guesses it (on the demo pool, chain 1m,29m W4: ~3.0 tokens accepted a cycle, against ~2.2 for code).
+  guesses it: drafts are accepted more often than on code, so long windows pay.
 - `prose`: everyday English (`prose.txt`), far from the Python the pool trained on; each passage stops
-  mid-sentence, and the drafters guess poorly (~1.6 a cycle).
+  mid-sentence, and the drafters guess poorly, so short windows or the target alone pay.
 
 A prompts file (`load_prompts`) is JSON lines, one `{"kind": ..., "prompt": ...}` object a line.
 """
