@@ -45,9 +45,10 @@ from specrouter.profiler.resilient import ResilientMetrics
 from specrouter.report.scheduler_report import Config
 from specrouter.router.chain import CycleReport, Row, prompt_agreement
 from specrouter.router.measurements import cycle_measurements
-from specrouter.router.scheduler import Scheduler, SchedulerSettings
+from specrouter.router.scheduling.scheduler import Scheduler
+from specrouter.router.scheduling.settings import SchedulerSettings
+from specrouter.router.scheduling.snapshot import Snapshot
 from specrouter.router.settings import RouterSettings
-from specrouter.v1 import profiler_pb2 as pb
 from specrouter.worker.engine import StepResult
 from specrouter.worker.forward import ForwardTiming
 from specrouter.worker.sampling import SamplingParams
@@ -170,16 +171,18 @@ class Replay:
         self.target = traces["target"]
         self.clock = _Clock()
         self.metrics = ResilientMetrics(MemoryStore(EmaConstants.ema_alpha, acceptance_alpha), clock=self.clock)
-        self._snapshot: pb.SnapshotResponse | None = None
+        self._snapshot: Snapshot | None = None
         self._snapshot_at = -1.0
         self.scheduler = Scheduler(traces["models"], self.target, settings.model_copy(update={"max_levels": 2}),
                                    self.snapshot, warmup=costs.warmup(), clock=self.clock)
         self.picks: Counter[tuple[tuple[str, ...], int]] = Counter()
         self._rows = 0
 
-    def snapshot(self) -> pb.SnapshotResponse:
+    def snapshot(self) -> Snapshot:
         if self._snapshot is None or self.clock.now - self._snapshot_at >= SNAPSHOT_S:
-            self._snapshot, self._snapshot_at = codec.snapshot_to_pb(self.metrics.snapshot()), self.clock.now
+            view = self.metrics.snapshot()
+            self._snapshot = Snapshot.of(view.metrics, view.constants.acceptance_alpha)
+            self._snapshot_at = self.clock.now
         return self._snapshot
 
     def run(self, prompt: dict, static: tuple[tuple[str, ...], int] | None = None) -> float:

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 import grpc
 from opentelemetry import context as otel_context
 
+from specrouter.profiler.metrics import AcceptanceRate, ForwardLatency, Mode, Similarity
 from specrouter.router.chain import CycleReport, Row
+from specrouter.router.scheduling.snapshot import Snapshot
 from specrouter.v1 import profiler_pb2 as pb
 from specrouter.v1 import profiler_pb2_grpc
 
@@ -119,26 +121,44 @@ class Reporter:
             self._thread.join(5)
 
 
+_MODES = {pb.DECODING_MODE_GREEDY: Mode.GREEDY, pb.DECODING_MODE_SAMPLING: Mode.SAMPLING}
+
+
+def snapshot_from_pb(reply: pb.SnapshotResponse) -> Snapshot:
+    """The profiler's reply as the scheduler reads it; rows of a mode it does not know are left out."""
+    return Snapshot(
+        forward=tuple(ForwardLatency(f.model, f.batch_size_bucket, f.tokens_per_row_bucket, f.ema_forward_ns, f.samples)
+                      for f in reply.forward),
+        acceptance=tuple(AcceptanceRate(a.drafter, a.verifier, _MODES[a.mode], a.position, a.ema_acceptance_rate,
+                                        a.accepted_total, a.proposed_total, a.samples)
+                         for a in reply.acceptance if a.mode in _MODES),
+        similarity=tuple(Similarity(s.drafter, s.verifier, _MODES[s.mode], s.ema_similarity, s.samples,
+                                    s.positions_total)
+                         for s in reply.similarity if s.mode in _MODES),
+        acceptance_alpha=reply.acceptance_alpha)
+
+
 class SnapshotCache:
-    """The profiler's latest snapshot, refreshed in the background so that decisions never wait on it."""
+    """The profiler's latest snapshot, refreshed in the background so that decisions never wait on it, and
+    decoded once per fetch (the scheduler takes a new object for a new snapshot)."""
 
     def __init__(self, address: str | None, refresh_s: float = 1.0, timeout_s: float = 2.0):
         self._stub = profiler_pb2_grpc.ProfilerServiceStub(grpc.insecure_channel(address)) if address else None
         self._refresh_s, self._timeout_s = refresh_s, timeout_s
-        self._latest: pb.SnapshotResponse | None = None
+        self._latest: Snapshot | None = None
         self._fetched_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="profiler-snapshot", daemon=True)
         if self._stub is not None:
             self._thread.start()
 
-    def get(self) -> tuple[pb.SnapshotResponse | None, float]:
+    def get(self) -> tuple[Snapshot | None, float]:
         """(latest snapshot or None, seconds since it was fetched)."""
         return self._latest, time.monotonic() - self._fetched_at
 
     def refresh(self) -> None:
         try:
-            self._latest = self._stub.Snapshot(pb.SnapshotRequest(), timeout=self._timeout_s)
+            self._latest = snapshot_from_pb(self._stub.Snapshot(pb.SnapshotRequest(), timeout=self._timeout_s))
             self._fetched_at = time.monotonic()
         except grpc.RpcError as exc:  # keep the last one; its age tells how old it is
             log.debug("profiler snapshot failed (%s)", exc.code())

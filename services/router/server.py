@@ -20,7 +20,8 @@ from specrouter.router.health import ModelUnavailable
 from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.remote import RemoteWorker
 from specrouter.pool.similarity import load_similarity
-from specrouter.router.scheduler import Scheduler
+from specrouter.profiler.metrics import Mode
+from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain, validate
 from specrouter.router.settings import RouterSettings
 from specrouter.v1 import router_pb2 as pb
@@ -142,11 +143,11 @@ def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.Schedule
         planning_ms=scheduler.planning_ns / 1e6, stand_ins=scheduler.counts["stand_ins"])
     est = plan.estimates
     depth = max(scheduler.settings.windows)
-    modes = [m for m, n in (("greedy", greedy), ("sampling", sampling)) if n]
+    modes = [m for m, n in ((Mode.GREEDY, greedy), (Mode.SAMPLING, sampling)) if n]
     for d, v in scheduler.pairs:
         for mode in modes:
             pair = (d, v, mode)
-            entry = reply.pairs.add(drafter=d, verifier=v, mode=mode, prior=est.prior(pair),
+            entry = reply.pairs.add(drafter=d, verifier=v, mode=mode.value, prior=est.prior(pair),
                                     rates=est.rates(pair, depth)[:depth])
             if est.similarity(pair) is not None:
                 entry.similarity = est.similarity(pair)
@@ -155,15 +156,15 @@ def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.Schedule
             if pair in est.live_similarity:
                 entry.live_similarity = est.live_similarity[pair]
     for mode, c in est.calibration.items():
-        reply.calibration.add(mode=mode, intercept=c.intercept, slope=c.slope, pairs=c.pairs)
-    for (chain, window, batch, adaptive), ledger in list(scheduler.ledgers.items()):
+        reply.calibration.add(mode=mode.value, intercept=c.intercept, slope=c.slope, pairs=c.pairs)
+    for (chain, window, batch, adaptive), ledger in scheduler.ledgers.items():
         entry = reply.ledgers.add(chain=chain, window=window, batch_size=batch, adaptive=adaptive,
                                   cycles=ledger.cycles, cycle_ms=ledger.cycle_ns / 1e6, emitted=ledger.emitted,
                                   predicted_cycle_ms=ledger.predicted_cycle_ns / 1e6,
                                   predicted_emitted=ledger.predicted_emitted)
-        for (d, v, mode), (acc, checked, p_acc, p_checked) in list(ledger.pairs.items()):
-            entry.pairs.add(drafter=d, verifier=v, mode=mode, accepted=acc, checked=checked,
-                            predicted_accepted=p_acc, predicted_checked=p_checked)
+        for (d, v, mode), tally in list(ledger.pairs.items()):
+            entry.pairs.add(drafter=d, verifier=v, mode=mode.value, accepted=tally.accepted, checked=tally.checked,
+                            predicted_accepted=tally.predicted_accepted, predicted_checked=tally.predicted_checked)
     return reply
 
 

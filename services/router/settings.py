@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from specrouter.router.scheduler import SchedulerSettings
+from specrouter.router.scheduling.settings import SchedulerSettings
 
 
 class RouterSettings(BaseSettings):

@@ -8,9 +8,11 @@ import random
 
 import pytest
 
-from specrouter.router.cost_model import (LatencyTable, Prediction, RowGroup, accepted_distribution, best_finish,
-                                         expected_batch_cost, expected_max, finish_excess, finish_regret,
-                                         max_normal_moments, predict, tail_factor)
+from specrouter.router.scheduling.cycle_cost import (Prediction, RowGroup, accepted_distribution, expected_batch_cost,
+                                                     predict)
+from specrouter.router.scheduling.finish import (best_finish, expected_max, finish_excess, finish_regret,
+                                                 max_normal_moments, tail_factor)
+from specrouter.router.scheduling.latency import LatencyTable
 
 # An arbitrary latency model: a fixed cost plus a cost per token of the padded block.
 COSTS = {"a": (1.0e6, 0.02e6), "b": (2.5e6, 0.05e6), "t": (9.0e6, 0.4e6)}
@@ -315,7 +317,7 @@ def test_latency_table_keeps_a_well_measured_point_off_the_line() -> None:
     assert table("m", 1, 4) == pytest.approx(51.0, abs=1.0)
     # a point off the line is pulled towards it by 8 passes: a ninth of the way for a warm-up point
     warm = LatencyTable({"m": {**{key: (ns, 1.0) for key, (ns, _) in points.items()}, (1, 4): (60.0, 1.0)}})
-    a, slope = warm._by_batch["m"][1][0]
+    a, slope = warm.line("m", 1)
     assert warm("m", 1, 4) == pytest.approx((60.0 + 8 * (a + 4 * slope)) / 9)
     assert warm("m", 1, 1) == 29.0     # the single-token regime is taken as measured
 
@@ -328,19 +330,20 @@ def test_latency_table_never_makes_more_tokens_cheaper() -> None:
     table = LatencyTable({"m": {(16, k): (ms, 32.0) for k, ms in measured.items()}})
     values = [table("m", 16, k) for k in range(1, 17)]
     assert all(a <= b + 1e-9 for a, b in zip(values, values[1:])), values
-    line, _ = table._by_batch["m"][16]
+    line = table.line("m", 16)
     shrunk = {k: (32 * measured[k] + 8 * (line[0] + line[1] * k)) / 40 for k in (6, 7)}
     assert table("m", 16, 6) == table("m", 16, 7) == pytest.approx((shrunk[6] + shrunk[7]) / 2)
     assert table("m", 16, 1) == 86.7                       # below every longer pass: as measured
     rising = {(1, k): (10.0 + 2.0 * k + (0.5 if k % 2 else 0.0), 32.0) for k in range(1, 9)}
     plain = LatencyTable({"m": rising})
-    line, _ = plain._by_batch["m"][1]
+    line = plain.line("m", 1)
     for k in range(2, 9):
         assert plain("m", 1, k) == pytest.approx((32 * rising[(1, k)][0] + 8 * (line[0] + line[1] * k)) / 40)
 
 
 def test_warm_up_points_are_scaled_to_what_live_passes_cost() -> None:
-    from specrouter.router.estimates import latency_table, warmup_scales
+    from specrouter.router.measurements import snapshot_from_pb
+    from specrouter.router.scheduling.latency import latency_table, warmup_scales
     from specrouter.v1 import profiler_pb2 as ppb
 
     warm = {"m": [(1, 1, 2_000), (1, 4, 3_000), (16, 1, 10_000)], "idle": [(1, 1, 5_000)]}
@@ -351,7 +354,7 @@ def test_warm_up_points_are_scaled_to_what_live_passes_cost() -> None:
     scale = math.exp((30 * math.log(2.0) + 10 * math.log(1.5)) / 40)
     assert warmup_scales({"m": {(1, 1): 2_000.0, (1, 4): 3_000.0, (16, 1): 10_000.0}},
                          {"m": {(1, 1): (4_000.0, 30.0), (1, 4): (4_500.0, 10.0)}})["m"](16) == pytest.approx(scale)
-    table = latency_table(snapshot, warm)
+    table = latency_table(snapshot_from_pb(snapshot), warm)
     assert table("m", 16, 1) == pytest.approx(10_000 * scale)   # known only from warm-up: scaled
     assert table("m", 1, 1) == pytest.approx(4_000)             # measured live: as measured
     assert table("idle", 1, 1) == pytest.approx(5_000 * scale)  # never run live: as the others run
@@ -361,7 +364,7 @@ def test_warm_up_points_are_scaled_to_what_live_passes_cost() -> None:
 def test_warm_up_scales_follow_the_batch_size() -> None:
     """Live passes slow down more at large batches: a model measured only at batch 1 takes, at batch 16,
     its own slowdown plus how much more the others slow down at 16 than overall."""
-    from specrouter.router.estimates import warmup_scales
+    from specrouter.router.scheduling.latency import warmup_scales
 
     warm = {m: {(1, 1): 1_000.0, (16, 1): 4_000.0} for m in ("a", "b", "new")}
     live = {"a": {(1, 1): (1_500.0, 8.0), (16, 1): (12_000.0, 8.0)},   # 1.5x at batch 1, 3x at 16

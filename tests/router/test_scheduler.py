@@ -8,13 +8,19 @@ import random
 import sys
 import threading
 import time
+from dataclasses import astuple
 
 import pytest
 
 from specrouter.pool.similarity import PairSimilarity
+from specrouter.profiler.metrics import Mode
 from specrouter.router.chain import Row
-from specrouter.router.estimates import AcceptanceEstimates, Calibration, RecentReports
-from specrouter.router.scheduler import SchedulerSettings, Scheduler, candidate_chains, chain_pairs
+from specrouter.router.measurements import snapshot_from_pb
+from specrouter.router.scheduling.acceptance import AcceptanceEstimates, Calibration, RecentReports
+from specrouter.router.scheduling.candidates import candidate_chains, chain_pairs
+from specrouter.router.scheduling.ledger import Tally
+from specrouter.router.scheduling.scheduler import Scheduler
+from specrouter.router.scheduling.settings import SchedulerSettings
 from specrouter.v1 import profiler_pb2 as ppb
 from specrouter.worker.sampling import SamplingParams
 
@@ -41,8 +47,8 @@ class FakeBatch:
             r.seen = {m: 2 for m in DECODE_MS}
 
 
-def snapshot(acceptance: dict[tuple[str, str], float], checks: int = 10_000, depth: int = 9,
-             samples: int = 100) -> ppb.SnapshotResponse:
+def snapshot_pb(acceptance: dict[tuple[str, str], float], checks: int = 10_000, depth: int = 9,
+                samples: int = 100) -> ppb.SnapshotResponse:
     s = ppb.SnapshotResponse(ema_alpha=0.1, acceptance_alpha=0.01)
     for model, ms in DECODE_MS.items():
         for b in (1, 2, 3, 4, 8, 16):
@@ -54,6 +60,11 @@ def snapshot(acceptance: dict[tuple[str, str], float], checks: int = 10_000, dep
             s.acceptance.add(drafter=d, verifier=v, mode=GREEDY, position=position, ema_acceptance_rate=rate,
                              accepted_total=int(rate * checks), proposed_total=checks, samples=samples)
     return s
+
+
+def snapshot(acceptance: dict[tuple[str, str], float], **kwargs):
+    """The profiler's reply as the scheduler reads it (decoded at the router's edge)."""
+    return snapshot_from_pb(snapshot_pb(acceptance, **kwargs))
 
 
 def make(acceptance, clock=None, **settings) -> tuple[Scheduler, dict]:
@@ -111,8 +122,8 @@ def test_hysteresis_keeps_a_choice_that_is_nearly_as_good() -> None:
 
 
 def _standing(sched: Scheduler, batch, prediction) -> None:
-    from specrouter.router.scheduler import Decision, _BatchState
-    sched._batches[batch] = _BatchState(current=Decision(prediction.chain, prediction.window, prediction))
+    from specrouter.router.scheduling.policy import Decision
+    sched.state(batch).current = Decision(prediction.chain, prediction.window, prediction)
 
 
 def test_a_chain_switch_needs_more_than_a_window_change() -> None:
@@ -180,19 +191,19 @@ def test_an_exploration_waits_for_a_batch_without_catch_up() -> None:
     running = FakeBatch(1)
     row = next(iter(running.rows.values()))
     for pair in sched.pairs:      # every pair measured now
-        sched._pair_seen_at[(*pair, "greedy")] = clock.now
+        sched.freshness.mark((*pair, Mode.GREEDY), clock.now)
     assert sched.choose(running)[0] == ("a", "t")
     row.tokens += list(range(4, 44))   # 40 tokens on, drafted by a: b has not seen them
     row.seen = {"a": len(row.tokens) - 1, "t": len(row.tokens) - 1, "b": 2}
     clock.now += 6.0               # every pair but (a, t) overdue, none twice over
-    sched._pair_seen_at[("a", "t", "greedy")] = clock.now   # the standing chain's cycles measure it
+    sched.freshness.mark(("a", "t", Mode.GREEDY), clock.now)   # the standing chain's cycles measure it
     assert sched.choose(running)[0] == ("a", "t")
     assert sched.counts["explorations"] == 0
     fresh = FakeBatch(1)           # a new request: every model prefilled it
     assert "b" in sched.choose(fresh)[0]
     assert sched.counts["explorations"] == 1
     clock.now += 6.0               # the others now twice overdue: explored even with the catch-up
-    sched._pair_seen_at[("a", "t", "greedy")] = clock.now
+    sched.freshness.mark(("a", "t", Mode.GREEDY), clock.now)
     assert "b" in sched.choose(running)[0]
     assert sched.counts["explorations"] == 2
 
@@ -225,7 +236,7 @@ def test_pairs_far_behind_are_explored_less_often() -> None:
     assert due[("a", "b")] <= first[("a", "b")] < due[("a", "b")] + 2.0
     # without the scaling every pair is due after explore_after_s
     flat, _ = make(acceptance, Clock(), explore_after_s=5.0, explore_gap=0.0)
-    assert {flat._exploration_wait(plan, pair) for pair in acceptance} == {5.0}
+    assert {flat.policy.exploration_wait(plan, pair) for pair in acceptance} == {5.0}
 
 
 def test_calibration_never_falls_with_similarity() -> None:
@@ -266,21 +277,21 @@ def test_prior_of_an_unobserved_pair_comes_from_calibrated_similarity() -> None:
                PairSimilarity("a", "b", "greedy", 0.7, 100)]
     # observed: acceptance = similarity + 0.1 on both pairs
     est = AcceptanceEstimates(snapshot({("a", "t"): 0.7, ("b", "t"): 0.9}), offline, prior_weight=16)
-    assert est.prior(("a", "b", "greedy")) == pytest.approx(0.8)
-    assert est.rates(("a", "b", "greedy"), 3) == pytest.approx([0.8] * 3)
-    assert est.prior(("b", "a", "greedy")) == 0.5   # no similarity at all: the default
+    assert est.prior(("a", "b", Mode.GREEDY)) == pytest.approx(0.8)
+    assert est.rates(("a", "b", Mode.GREEDY), 3) == pytest.approx([0.8] * 3)
+    assert est.prior(("b", "a", Mode.GREEDY)) == 0.5   # no similarity at all: the default
     # an observed pair uses its measurements, shrunk by prior_weight pseudo-checks (towards the default
     # here: without similarities there is no calibration)
     # (acceptance_alpha 0.01: about 199 checks remembered; a report of 16 checks weighs 16)
     few = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=16, depth=1, samples=1), (), prior_weight=16,
                               default_acceptance=0.5)
     pooled = (16 * 0.2 + 16 * 0.5) / 32
-    assert few.rates(("a", "t", "greedy"), 2) == pytest.approx([(16 * 0.2 + 16 * pooled) / 32] * 2)
+    assert few.rates(("a", "t", Mode.GREEDY), 2) == pytest.approx([(16 * 0.2 + 16 * pooled) / 32] * 2)
     # 10,000 checks, in reports of one check or of a hundred: the EMA remembers about 199 of them
     for reports in (10_000, 100):
         many = AcceptanceEstimates(snapshot({("a", "t"): 0.2}, checks=10_000, depth=1, samples=reports), (),
                                    prior_weight=16, default_acceptance=0.5)
-        assert many.observed[("a", "t", "greedy")][0].checks == pytest.approx(199.0)
+        assert many.observed[("a", "t", Mode.GREEDY)][0].checks == pytest.approx(199.0)
 
 
 def test_a_deep_position_measured_a_little_leans_on_the_one_before_it() -> None:
@@ -291,21 +302,21 @@ def test_a_deep_position_measured_a_little_leans_on_the_one_before_it() -> None:
     for position, (rate, checks) in enumerate([(0.9, 10_000), (0.5, 10_000), (0.5, 10_000), (0.5, 10_000), (0.4, 16)]):
         s.acceptance.add(drafter="a", verifier="t", mode=GREEDY, position=position, ema_acceptance_rate=rate,
                          accepted_total=round(rate * checks), proposed_total=checks, samples=100)
-    est = AcceptanceEstimates(s, prior_weight=16.0)
-    rates = est.rates(("a", "t", "greedy"), 7)
+    est = AcceptanceEstimates(snapshot_from_pb(s), prior_weight=16.0)
+    rates = est.rates(("a", "t", Mode.GREEDY), 7)
     assert rates[3] == pytest.approx(0.5, abs=0.01)
     assert rates[4] == pytest.approx((16 * 0.4 + 16 * rates[3]) / 32)    # half way to its neighbour: 0.45
     assert rates[5] == rates[6] == rates[4]
     assert rates[0] > 0.85
 
 
-def _pairs_snapshot(pairs: dict[tuple[str, str], tuple[float, int]]) -> ppb.SnapshotResponse:
+def _pairs_snapshot(pairs: dict[tuple[str, str], tuple[float, int]]):
     """(drafter, verifier) -> (rate, reports) at position 0, one check a report."""
     s = ppb.SnapshotResponse(ema_alpha=0.1, acceptance_alpha=0.01)
     for (d, v), (rate, reports) in pairs.items():
         s.acceptance.add(drafter=d, verifier=v, mode=GREEDY, position=0, ema_acceptance_rate=rate,
                          accepted_total=round(rate * reports), proposed_total=reports, samples=reports)
-    return s
+    return snapshot_from_pb(s)
 
 
 def test_a_pair_the_pool_stopped_running_falls_back_to_its_prior() -> None:
@@ -317,18 +328,18 @@ def test_a_pair_the_pool_stopped_running_falls_back_to_its_prior() -> None:
     after = _pairs_snapshot({("a", "t"): (0.6, 900), ("b", "t"): (0.9, 400)})
     recent = RecentReports(cycles=50)
     recent.update(before)
-    assert recent.shares()[(("b", "t", "greedy"), 0)] == 1.0
+    assert recent.shares()[(("b", "t", Mode.GREEDY), 0)] == 1.0
     recent.update(after)
     shares = recent.shares()
-    assert shares[(("a", "t", "greedy"), 0)] == 1.0
+    assert shares[(("a", "t", Mode.GREEDY), 0)] == 1.0
     faded = 400 * math.exp(-500 / 50)   # b's reports, 500 reports of the pool later
-    assert shares[(("b", "t", "greedy"), 0)] == pytest.approx(faded / (faded + 500))
+    assert shares[(("b", "t", Mode.GREEDY), 0)] == pytest.approx(faded / (faded + 500))
     est = AcceptanceEstimates(after, offline, prior_weight=16, recent=shares)
-    assert est.rates(("b", "t", "greedy"), 1) == pytest.approx([0.6], abs=0.005)
-    assert est.rates(("a", "t", "greedy"), 1) == pytest.approx([0.6], abs=0.005)
+    assert est.rates(("b", "t", Mode.GREEDY), 1) == pytest.approx([0.6], abs=0.005)
+    assert est.rates(("a", "t", Mode.GREEDY), 1) == pytest.approx([0.6], abs=0.005)
     # the same snapshot without the pool's recent history: b -> t keeps its old rate
     lone = AcceptanceEstimates(after, offline, prior_weight=16)
-    assert lone.rates(("b", "t", "greedy"), 1) == pytest.approx([0.9], abs=0.02)
+    assert lone.rates(("b", "t", Mode.GREEDY), 1) == pytest.approx([0.9], abs=0.02)
     # the pool idle: the same totals again fade nothing
     recent.update(after)
     assert recent.shares() == pytest.approx(shares)
@@ -336,13 +347,13 @@ def test_a_pair_the_pool_stopped_running_falls_back_to_its_prior() -> None:
 
 def test_deeper_positions_take_the_deepest_measured_rate() -> None:
     est = AcceptanceEstimates(snapshot({("a", "t"): 0.9}, depth=2), prior_weight=0)
-    assert est.rates(("a", "t", "greedy"), 5) == pytest.approx([0.9] * 5)
+    assert est.rates(("a", "t", Mode.GREEDY), 5) == pytest.approx([0.9] * 5)
     # acceptance rising with depth: unmeasured positions follow the deepest, not the pooled rate
-    rising = snapshot({("a", "t"): 0.6}, depth=1)
+    rising = snapshot_pb({("a", "t"): 0.6}, depth=1)
     rising.acceptance.add(drafter="a", verifier="t", mode=GREEDY, position=1, ema_acceptance_rate=0.9,
                           accepted_total=9000, proposed_total=10_000, samples=100)
-    est = AcceptanceEstimates(rising, prior_weight=0)
-    assert est.rates(("a", "t", "greedy"), 4) == pytest.approx([0.6, 0.9, 0.9, 0.9])
+    est = AcceptanceEstimates(snapshot_from_pb(rising), prior_weight=0)
+    assert est.rates(("a", "t", Mode.GREEDY), 4) == pytest.approx([0.6, 0.9, 0.9, 0.9])
 
 
 def test_decisions_are_cheap_once_planned() -> None:
@@ -382,8 +393,8 @@ def test_plans_are_refreshed_inline_when_the_planner_has_stopped() -> None:
     sched.start()
     assert sched.choose(FakeBatch(1))[0] == ("a", "t")
     sched.close()
-    sched._planner.join(timeout=5)
-    assert not sched._planner.is_alive()
+    sched.planner.thread.join(timeout=5)
+    assert not sched.planner.thread.is_alive()
     holder["snapshot"] = snapshot({pair: 0.02 for pair in [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]})
     clock.now += 1
     assert sched.choose(FakeBatch(1)) == (("t",), 0)
@@ -400,12 +411,12 @@ def test_the_planner_remakes_only_the_plans_asked_for_since_they_were_made() -> 
         holder["snapshot"] = snapshot({pair: 0.02 for pair in pairs})   # every plan is stale now
         clock.now += 2000
         assert sched.plan(2, 0) is asked          # served as it is; the next round remakes it
-        sched._refresh_plans()
+        sched.planner.refresh()
         fresh = sched.plan(2, 0)
         assert fresh is not asked and fresh.predictions[0].chain == ("t",)
-        assert sched._plans[(3, 0, 0, 0, None)] is idle   # not asked for since it was made: left
+        assert sched.planner.plans[(3, 0, 0, 0, None)] is idle   # not asked for since it was made: left
         assert sched.plan(3, 0) is idle
-        sched._refresh_plans()
+        sched.planner.refresh()
         assert sched.plan(3, 0) is not idle
     finally:
         sched.close()
@@ -455,7 +466,7 @@ def test_a_shift_not_planned_yet_wakes_the_planner() -> None:
         assert sched.plan(1, 0, common=-4) is unshifted     # the stand-in
         assert sched.counts["stand_ins"] == 1
         for _ in range(500):
-            if (1, 0, -4, 0, None) in sched._plans:
+            if (1, 0, -4, 0, None) in sched.planner.plans:
                 break
             time.sleep(0.01)
         shifted_plan = sched.plan(1, 0, common=-4)
@@ -464,8 +475,8 @@ def test_a_shift_not_planned_yet_wakes_the_planner() -> None:
         assert all(shifted_plan.by_key[k].emitted < p.emitted for k, p in unshifted.by_key.items() if k[1] > 0)
     finally:
         sched.close()
-    sched._planner.join(timeout=5)
-    assert not sched._planner.is_alive()        # closing wakes it to stop, not after its round
+    sched.planner.thread.join(timeout=5)
+    assert not sched.planner.thread.is_alive()        # closing wakes it to stop, not after its round
     from specrouter.router.server import schedule_pb
     assert schedule_pb(sched, 1, 0).stand_ins == 1    # on the wire, for the report
 
@@ -473,14 +484,14 @@ def test_a_shift_not_planned_yet_wakes_the_planner() -> None:
 def test_the_planner_survives_a_failing_snapshot() -> None:
     clock = Clock()
     pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
-    good, bad = snapshot({pair: 0.9 for pair in pairs}), snapshot({pair: 0.02 for pair in pairs})
+    good, bad = snapshot({pair: 0.9 for pair in pairs}), snapshot_pb({pair: 0.02 for pair in pairs})
     calls = {"n": 0}
 
-    def flaky() -> ppb.SnapshotResponse:
+    def flaky():
         calls["n"] += 1
         if calls["n"] in (2, 3):
             raise RuntimeError("profiler unreachable")
-        return good if calls["n"] < 4 else ppb.SnapshotResponse.FromString(bad.SerializeToString())
+        return good if calls["n"] < 4 else snapshot_from_pb(bad)
 
     sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, recompute_s=0.01), flaky,
                       clock=clock)
@@ -493,19 +504,17 @@ def test_the_planner_survives_a_failing_snapshot() -> None:
                 break
             time.sleep(0.01)
         assert sched.plan(1, 0).predictions[0].chain == ("t",) and calls["n"] >= 4
-        assert sched._planner.is_alive()
+        assert sched.planner.thread.is_alive()
     finally:
         sched.close()
 
 
 def test_batch_shift_compares_the_rows_with_their_prediction() -> None:
-    from specrouter.router.scheduler import batch_shift, shifted
+    from specrouter.router.scheduling.acceptance import shifted
+    from specrouter.router.scheduling.row_records import batch_shift
 
     def rows(*records):
-        out = [Row(str(i), [1], 1, SamplingParams(), 8) for i in range(len(records))]
-        for r, record in zip(out, records):
-            r.acceptance_record[:] = record
-        return out
+        return [Tally(*record) for record in records]
 
     assert batch_shift(rows([0, 0, 0, 0]), 16, 0.25, 1.5, 0.5) == 0                  # nothing to compare yet
     assert batch_shift(rows([40, 100, 40, 100]), 16, 0.25, 1.5, 0.5) == 0            # as predicted
@@ -527,7 +536,7 @@ def test_a_batch_drafting_worse_than_the_pool_is_planned_for_what_it_does() -> N
     usual = sched.choose(FakeBatch(2))
     hard = FakeBatch(2)
     for r in hard.rows.values():      # these rows accept 2 in 10 where 9 in 10 were predicted
-        r.acceptance_record[:] = [20.0, 100.0, 90.0, 100.0]
+        sched.records[r] = Tally(20.0, 100.0, 90.0, 100.0)
     chain, window = sched.choose(hard)
     assert usual[0] == ("a", "t") and (len(chain) == 1 or window < usual[1])
     decision = sched.decision_for(hard)
@@ -549,23 +558,24 @@ def test_observe_keeps_each_rows_record_against_the_pools_prediction() -> None:
         sched.observe(report, rows, 1_000_000, True, decision)
     exp_acc, exp_tried = decision.base.checks[0]
     # two cycles, the first weighing half: row 0 accepted both drafts (2 checks), row 1 none (1 check)
-    assert rows[0].acceptance_record == pytest.approx([3.0, 3.0, 1.5 * exp_acc, 1.5 * exp_tried])
-    assert rows[1].acceptance_record == pytest.approx([0.0, 1.5, 1.5 * exp_acc, 1.5 * exp_tried])
+    assert astuple(sched.records[rows[0]]) == pytest.approx((3.0, 3.0, 1.5 * exp_acc, 1.5 * exp_tried))
+    assert astuple(sched.records[rows[1]]) == pytest.approx((0.0, 1.5, 1.5 * exp_acc, 1.5 * exp_tried))
 
 
 def test_a_rows_record_ages_through_cycles_without_drafts() -> None:
     """A row that went to target-only on a bad streak drafts nothing, so nothing new enters its record;
     the record still ages, so the batch's shift returns to the pool's rate and the chain gets a new try."""
     from specrouter.router.chain import CycleReport
-    from specrouter.router.scheduler import batch_shift
+    from specrouter.router.scheduling.row_records import batch_shift
 
     s = SchedulerSettings(explore_after_s=1e9)
     sched, _ = make({("a", "t"): 0.5}, explore_after_s=1e9)
     batch = FakeBatch(1)
     (row,) = batch.rows.values()
-    row.acceptance_record[:] = [20.0, 100.0, 90.0, 100.0]    # 2 in 10 accepted where 9 in 10 were predicted
+    sched.records[row] = Tally(20.0, 100.0, 90.0, 100.0)    # 2 in 10 accepted where 9 in 10 were predicted
     def shift() -> int:
-        return batch_shift([row], s.row_prior_checks, s.batch_odds_step, s.batch_odds_down, s.batch_odds_up)
+        return batch_shift([sched.records[row]], s.row_prior_checks, s.batch_odds_step, s.batch_odds_down,
+                           s.batch_odds_up)
     assert shift() == -round(s.batch_odds_down / s.batch_odds_step)
     chain, window = sched.choose(batch, ("t",))
     report = CycleReport(chain, window, emitted={row.row_id: [5]}, accepted={"t": [0]}, proposed={"t": [0]},
@@ -574,7 +584,7 @@ def test_a_rows_record_ages_through_cycles_without_drafts() -> None:
     for _ in range(60):
         sched.observe(report, [row], 1_000_000, True, sched.decision_for(batch))
         shifts.append(shift())
-    assert row.acceptance_record == pytest.approx([x * s.row_memory**60 for x in [20.0, 100.0, 90.0, 100.0]])
+    assert astuple(sched.records[row]) == pytest.approx(tuple(x * s.row_memory**60 for x in [20.0, 100.0, 90.0, 100.0]))
     assert shifts == sorted(shifts) and shifts[0] < 0 and shifts[-1] == 0
 
 
@@ -583,19 +593,17 @@ def test_a_batchs_own_rate_is_shrunk_per_row() -> None:
     of rows alike shifts as one of them does. A lone row 38 of 40 where 0.8 was predicted: rho = (38 + 16 *
     0.8) / (40 + 16), logit(rho) - logit(0.8) = 0.89, 4 steps of 0.25 (one prior of 64 for the batch put
     the lone row at 2 and four such rows at 4)."""
-    from specrouter.router.scheduler import batch_shift
+    from specrouter.router.scheduling.row_records import batch_shift
 
     assert SchedulerSettings().row_prior_checks == 16.0
-    lone = FakeBatch(1)
-    four = FakeBatch(4)
-    for r in [*lone.rows.values(), *four.rows.values()]:
-        r.acceptance_record[:] = [38.0, 40.0, 32.0, 40.0]
-    def shift(batch: FakeBatch) -> int:
-        return batch_shift(list(batch.rows.values()), 16.0, 0.25, 1.5, 3.0)
+    lone = [Tally(38.0, 40.0, 32.0, 40.0)]
+    four = [Tally(38.0, 40.0, 32.0, 40.0) for _ in range(4)]
+    def shift(records: list[Tally]) -> int:
+        return batch_shift(records, 16.0, 0.25, 1.5, 3.0)
     assert shift(lone) == 4
     assert shift(four) == 4
     # a row that accepts as predicted leaves the batch where the prediction is
-    four.rows["0"].acceptance_record[:] = [32.0, 40.0, 32.0, 40.0]
+    four[0] = Tally(32.0, 40.0, 32.0, 40.0)
     assert shift(four) == 2   # (3 * 38 + 32 + 64 * 0.8) / (160 + 64): logit 0.61 above 0.8's
 
 
@@ -679,11 +687,14 @@ def test_a_one_row_finish_scales_with_the_batchs_passes() -> None:
     table's times; a batch whose passes all run twice as slow scores every candidate twice as high, at
     every number of tokens left, so it decides alike."""
     sched, _ = make({("a", "t"): 0.7, ("b", "t"): 0.7, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9)
+    from specrouter.router.scheduling.scoring import finish_score
+
     plan = sched.plan(1, 0)
     assert plan.finish is not None and sched.plan(4, 0).finish is None
     twice = {m: 2.0 for m in DECODE_MS}
     for left in (1, 2, 5, 9, 17, 60):
-        plain, slow = sched._finish_score(plan, {}, left), sched._finish_score(plan, twice, left)
+        plain = finish_score(plan, {}, left, sched.settings.tail_weight, sched.planner.finish_reach)
+        slow = finish_score(plan, twice, left, sched.settings.tail_weight, sched.planner.finish_reach)
         for p in plan.predictions:
             assert slow(p) == pytest.approx(2 * plain(p), rel=1e-9)
 
@@ -743,7 +754,7 @@ def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> No
     chain, window = sched.choose(batch)
     assert chain == ("a", "t")
     plan = sched.plan(4, 0)
-    table = sched._inputs[2]
+    table = sched.plan(4, 0).latency
     rows = list(batch.rows.values())
     passes = {"t": [ForwardTiming(int(2 * table("t", 4, window + 1)), 4, window + 1, 4)],
               "a": [ForwardTiming(int(table("a", 4, 1)), 4, 1, 4)] * window}
@@ -786,7 +797,7 @@ def test_a_model_that_sits_out_is_priced_by_the_target_and_its_own_ratio_fades()
                     context_min_cycles=3, context_alpha=0.5, context_fade_alpha=fade)
     batch = FakeBatch(4)
     sched.choose(batch)
-    table = sched._inputs[2]
+    table = sched.plan(4, 0).latency
     rows = list(batch.rows.values())
 
     def cycle(ratios: dict[str, float]) -> None:
@@ -798,17 +809,17 @@ def test_a_model_that_sits_out_is_priced_by_the_target_and_its_own_ratio_fades()
 
     for _ in range(3):
         cycle({"a": 2.0, "t": 2.0})             # a fresh cluster: everything twice the table
-    assert sched._latency_scales(rows) == pytest.approx({"a": 2.0, "b": 2.0, "t": 2.0})   # b, unmeasured: as t
+    assert sched.context_scales.value(rows) == pytest.approx({"a": 2.0, "b": 2.0, "t": 2.0})   # b, unmeasured: as t
     for _ in range(3):
         cycle({"a": 1.5, "t": 0.75})            # a measured at twice the target's ratio
-    scales = sched._latency_scales(rows)
+    scales = sched.context_scales.value(rows)
     relative = scales["a"] / scales["t"]
     assert scales["a"] < 2.5 and 1.5 < relative < 2.0 and scales["b"] == pytest.approx(scales["t"])
     n = 20
     for _ in range(n):
         cycle({"t": 1.0})                       # the target alone, at the table's times
     t = 1.0 + (scales["t"] - 1.0) * 0.5 ** n    # the target's EMA (alpha 0.5) follows it
-    assert sched._latency_scales(rows) == pytest.approx(
+    assert sched.context_scales.value(rows) == pytest.approx(
         {"t": t, "b": t, "a": t * (1 + (relative - 1) * (1 - fade) ** n)}, rel=1e-6)
 
 
@@ -820,17 +831,15 @@ def _planned_after_record(rate: float, record: list[float]):
     chain, _ = sched.choose(batch)
     assert chain == ("a", "t")
     for r in batch.rows.values():
-        r.acceptance_record[:] = record
+        sched.records[r] = Tally(*record)
     sched.choose(batch)
-    (key,) = [k for k in sched._plans if k[3] != 0 and k[0] == 2]   # (the one-row plan is shifted too)
-    return key, sched._plans[key], sched.plan(2, 0)
+    (key,) = [k for k in sched.planner.plans if k[3] != 0 and k[0] == 2]   # (the one-row plan is shifted too)
+    return key, sched.planner.plans[key], sched.plan(2, 0)
 
 
 def test_a_batch_shift_up_moves_only_the_pairs_its_rows_ran() -> None:
     """The rows' record is of the standing chain's pairs: a batch beating the prediction on (a, t) is
     planned with (a, t) shifted, while chains of other pairs keep the pool's rates."""
-    from specrouter.router.scheduler import chain_pairs
-
     key, shifted_plan, base = _planned_after_record(0.6, [90.0, 100.0, 60.0, 100.0])
     assert key[3] > 0 and key[4] == frozenset({("a", "t")})
     for p in shifted_plan.predictions:
@@ -877,7 +886,7 @@ def test_the_prompt_reference_weighs_rows_by_their_checks_as_the_pool_does() -> 
     sched.plan(1, 0)                                   # reads the snapshot (acceptance_alpha 0.01)
     a = 0.01
     easy, hard = _agreeing(FakeBatch(1), 90), _agreeing(FakeBatch(1), 50)
-    assert sched.prompt_reference(("a", "t", "greedy")) is None
+    assert sched.prompt_reference(("a", "t", Mode.GREEDY)) is None
     sched.observe(_prompt_cycle(("a", "t"), list(hard.rows.values())), list(hard.rows.values()), 1_000_000, True)
     for _ in range(30):
         sched.observe(_prompt_cycle(("a", "t"), list(easy.rows.values())), list(easy.rows.values()), 1_000_000, True)
@@ -885,12 +894,13 @@ def test_the_prompt_reference_weighs_rows_by_their_checks_as_the_pool_does() -> 
                   1_000_000, True)                     # drafted nothing: no check, no weight
     keep = (1 - a) ** 30
     want = (keep * a * 0.5 + (1 - keep) * 0.9) / (keep * a + (1 - keep))
-    assert sched.prompt_reference(("a", "t", "greedy")) == pytest.approx(want)
+    assert sched.prompt_reference(("a", "t", Mode.GREEDY)) == pytest.approx(want)
     b = sched.settings.prompt_recent_alpha
     keep = (1 - b) ** 30
-    recent = sched._prompt_recent[("a", "t", "greedy")].get()
+    recent = sched.prompts.recent(("a", "t", Mode.GREEDY))
     assert recent == pytest.approx((keep * b * 0.5 + (1 - keep) * 0.9) / (keep * b + (1 - keep)))
-    assert sched.prompt_reference(("a", "t", "sampling")) is None and sched.prompt_reference(("b", "t", "greedy")) is None
+    assert sched.prompt_reference(("a", "t", Mode.SAMPLING)) is None
+    assert sched.prompt_reference(("b", "t", Mode.GREEDY)) is None
 
 
 def test_a_batch_is_planned_for_how_its_prompts_compare_with_the_pools() -> None:
@@ -900,7 +910,7 @@ def test_a_batch_is_planned_for_how_its_prompts_compare_with_the_pools() -> None
     sched, _ = make({("a", "t"): 0.7, ("b", "t"): 0.7, ("a", "b"): 0.7, ("b", "a"): 0.7}, explore_after_s=1e9)
     s = sched.settings
     usual = _agreeing(FakeBatch(1), 50)
-    assert sched._prompt_shift(list(usual.rows.values())) == 0         # no reference yet: no shift
+    assert sched.prompts.value(list(usual.rows.values())) == 0         # no reference yet: no shift
     for _ in range(600):
         sched.observe(_prompt_cycle(("a", "t"), list(usual.rows.values())), list(usual.rows.values()), 1_000_000, True)
     chain, window = sched.choose(usual)
@@ -912,8 +922,8 @@ def test_a_batch_is_planned_for_how_its_prompts_compare_with_the_pools() -> None
         rate = (same + s.prompt_prior_positions * 0.5) / (100 + s.prompt_prior_positions)
         return round(s.prompt_slope * math.log(rate / (1 - rate)) / s.batch_odds_step)
 
-    assert sched._prompt_shift(list(usual.rows.values())) == 0
-    up, down = sched._prompt_shift(list(easy.rows.values())), sched._prompt_shift(list(hard.rows.values()))
+    assert sched.prompts.value(list(usual.rows.values())) == 0
+    up, down = sched.prompts.value(list(easy.rows.values())), sched.prompts.value(list(hard.rows.values()))
     assert up == expected(90) > 0 and down == expected(20) < 0
     assert easy_chain == chain and easy_window > window
     assert len(hard_chain) == 1 or hard_window < window
@@ -922,7 +932,7 @@ def test_a_batch_is_planned_for_how_its_prompts_compare_with_the_pools() -> None
     assert decision.base.emitted > sched.plan(1, 0).by_key[(easy_chain, easy_window)].emitted
     for _ in range(600):                                                # the pool runs such rows a while
         sched.observe(_prompt_cycle(("a", "t"), list(easy.rows.values())), list(easy.rows.values()), 1_000_000, True)
-    assert sched._prompt_shift(list(easy.rows.values())) == 0
+    assert sched.prompts.value(list(easy.rows.values())) == 0
 
 
 def test_a_pair_left_on_other_text_has_its_rates_moved_to_the_text_now() -> None:
@@ -934,33 +944,35 @@ def test_a_pair_left_on_other_text_has_its_rates_moved_to_the_text_now() -> None
     sched, holder = make(acceptance, clock, explore_after_s=1e9, recompute_s=0.0)
     sched.plan(1, 0)                                   # reads the snapshot (acceptance_alpha 0.01)
     tables, prose = _agreeing(FakeBatch(1), 90), _agreeing(FakeBatch(1), 60)
-    for chain in (("a", "t"), ("b", "t")):             # both ran on tables
-        for _ in range(400):
-            rows = list(tables.rows.values())
-            sched.observe(_prompt_cycle(chain, rows), rows, 1_000_000, True)
+    on_tables = [(("a", "t"), tables, 400), (("b", "t"), tables, 400)]     # both ran on tables
+    # then the pool runs prose on (a, t) alone; cycles of the target alone move neither agreement
+    on_prose = [(("a", "t"), prose, 1500), (("t",), tables, 300)]
+
+    def feed(s: Scheduler, phases) -> None:
+        for chain, batch, cycles in phases:
+            rows = list(batch.rows.values())
+            for _ in range(cycles):
+                s.observe(_prompt_cycle(chain, rows), rows, 1_000_000, True)
+
+    feed(sched, on_tables)
     assert max(abs(x) for x in sched.text_shifts().values()) < 0.05
-    for _ in range(1500):                              # then the pool runs prose on (a, t) alone
-        rows = list(prose.rows.values())
-        sched.observe(_prompt_cycle(("a", "t"), rows), rows, 1_000_000, True)
-    for _ in range(300):                               # cycles of the target alone move neither agreement
-        rows = list(tables.rows.values())
-        sched.observe(_prompt_cycle(("t",), rows), rows, 1_000_000, True)
+    feed(sched, on_prose)
     shifts = sched.text_shifts()
-    assert shifts[("a", "t", "greedy")] == pytest.approx(0.0, abs=1e-6)
+    assert shifts[("a", "t", Mode.GREEDY)] == pytest.approx(0.0, abs=1e-6)
     # (b, t) still holds the tables' agreement: logit(0.6) - logit(~0.9), about -1.8, capped at 1.5
     want = max(-1.5, math.log(0.6 / 0.4) - math.log(0.9 / 0.1))
-    assert shifts[("b", "t", "greedy")] == pytest.approx(want, abs=0.05)
+    assert shifts[("b", "t", Mode.GREEDY)] == pytest.approx(want, abs=0.05)
     holder["snapshot"] = snapshot(acceptance)          # the next snapshot: estimates made afresh
     clock.now += 1
     estimates = sched.plan(1, 0).estimates
-    assert estimates.observed[("a", "t", "greedy")][0].rate == pytest.approx(0.9, abs=0.005)
-    moved = 1 / (1 + math.exp(-(math.log(9) + shifts[("b", "t", "greedy")])))
-    assert estimates.observed[("b", "t", "greedy")][0].rate == pytest.approx(moved) and moved < 0.8
+    assert estimates.observed[("a", "t", Mode.GREEDY)][0].rate == pytest.approx(0.9, abs=0.005)
+    moved = 1 / (1 + math.exp(-(math.log(9) + shifts[("b", "t", Mode.GREEDY)])))
+    assert estimates.observed[("b", "t", Mode.GREEDY)][0].rate == pytest.approx(moved) and moved < 0.8
     # with text_slope 0 the rates stay as measured
     still, _ = make(acceptance, explore_after_s=1e9, text_slope=0.0)
-    still._prompt_ref, still._prompt_text = sched._prompt_ref, sched._prompt_text
+    feed(still, on_tables + on_prose)                  # the same agreements as above
     assert still.text_shifts() == {}
-    assert still.plan(1, 0).estimates.observed[("b", "t", "greedy")][0].rate == pytest.approx(0.9)
+    assert still.plan(1, 0).estimates.observed[("b", "t", Mode.GREEDY)][0].rate == pytest.approx(0.9)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a thread's own niceness is Linux's")
@@ -972,7 +984,7 @@ def test_the_planner_thread_runs_nicer_than_the_router(nice: int) -> None:
     sched, _ = make({("a", "t"): 0.9}, recompute_s=1000.0, planner_nice=nice)
     sched.start()
     try:
-        tid = sched._planner.native_id
+        tid = sched.planner.thread.native_id
         expected = min(19, own + nice)
         deadline = time.monotonic() + 5
         while os.getpriority(os.PRIO_PROCESS, tid) != expected and time.monotonic() < deadline:

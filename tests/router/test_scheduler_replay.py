@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.scheduler_replay import Costs, Replay, replay_workloads
-from specrouter.router.scheduler import SchedulerSettings
+from specrouter.router.scheduling.settings import SchedulerSettings
 
 NEW_TOKENS = 24
 

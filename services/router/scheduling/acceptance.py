@@ -1,4 +1,5 @@
-"""The scheduler's inputs, read from the profiler's snapshot: latency per model and acceptance per pair.
+"""Acceptance estimates: each pair's acceptance per draft position, from the profiler's snapshot and a
+calibrated prior.
 
 Acceptance of an ordered pair (drafter, verifier) in a decoding mode, per draft position i, is the
 profiler's EMA of the realized rate, shrunk by `prior_weight` pseudo-checks: position 0 towards the
@@ -32,20 +33,16 @@ pair, observed or not), else the live one from verification.
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specrouter.pool.similarity import PairSimilarity
-from specrouter.profiler.metrics import EmaConstants
-from specrouter.router.cost_model import LatencyTable
-from specrouter.v1 import profiler_pb2 as ppb
+from specrouter.profiler.metrics import EmaConstants, Mode
+from specrouter.router.scheduling.candidates import Pair
+from specrouter.router.scheduling.snapshot import Snapshot
 
-GREEDY, SAMPLING = "greedy", "sampling"
-_MODES = {ppb.DECODING_MODE_GREEDY: GREEDY, ppb.DECODING_MODE_SAMPLING: SAMPLING}
-Pair = tuple[str, str, str]   # (drafter, verifier, mode)
 CALIBRATION_WEIGHT_CAP = 256  # checks beyond which a pair weighs no more in the calibration
 CALIBRATION_SLOPE_SPREAD = 0.1  # the calibration's slope is shrunk towards 1 over this much similarity
 
@@ -116,13 +113,11 @@ class RecentReports:
         self._seen: dict[tuple[Pair, int], tuple[int, float, int]] = {}   # -> (samples, count, pool clock)
         self._lock = threading.Lock()
 
-    def update(self, snapshot: ppb.SnapshotResponse) -> None:
+    def update(self, snapshot: Snapshot) -> None:
         clock = sum(a.samples for a in snapshot.acceptance if a.position == 0)
         with self._lock:
             for a in snapshot.acceptance:
-                if a.mode not in _MODES:
-                    continue
-                key = ((a.drafter, a.verifier, _MODES[a.mode]), a.position)
+                key = ((a.drafter, a.verifier, a.mode), a.position)
                 old = self._seen.get(key)
                 if old is None or a.samples < old[0] or clock < old[2]:   # new, or the store was reset
                     count = float(a.samples)
@@ -139,7 +134,7 @@ class RecentReports:
 
 
 class AcceptanceEstimates:
-    def __init__(self, snapshot: ppb.SnapshotResponse | None, offline: Iterable[PairSimilarity] = (),
+    def __init__(self, snapshot: Snapshot | None, offline: Iterable[PairSimilarity] = (),
                  prior_weight: float = 16.0, default_acceptance: float = 0.5,
                  recent: Mapping[tuple[Pair, int], float] | None = None,
                  text_shift: Mapping[Pair, float] | None = None):
@@ -150,18 +145,18 @@ class AcceptanceEstimates:
         self.default_acceptance = default_acceptance
         self.observed: dict[Pair, dict[int, PositionRate]] = {}
         self.live_similarity: dict[Pair, float] = {}
-        self.offline_similarity: dict[Pair, float] = {(s.drafter, s.verifier, s.mode): s.similarity for s in offline}
+        self.offline_similarity: dict[Pair, float] = {(s.drafter, s.verifier, Mode(s.mode)): s.similarity
+                                                         for s in offline}
         if snapshot is not None:
             alpha = snapshot.acceptance_alpha or EmaConstants.acceptance_alpha
             memory = (2 - alpha) / alpha        # checks an EMA effectively averages
             reports: dict[Pair, int] = {}
             for a in snapshot.acceptance:
-                if a.mode in _MODES:
-                    pair = (a.drafter, a.verifier, _MODES[a.mode])
-                    reports[pair] = max(reports.get(pair, 0), a.samples)
+                pair = (a.drafter, a.verifier, a.mode)
+                reports[pair] = max(reports.get(pair, 0), a.samples)
             for a in snapshot.acceptance:
-                if a.proposed_total > 0 and a.mode in _MODES:
-                    pair = (a.drafter, a.verifier, _MODES[a.mode])
+                if a.proposed_total > 0:
+                    pair = (a.drafter, a.verifier, a.mode)
                     checks = min(float(a.proposed_total), memory)
                     # a position reached in a fraction of the pool's (or its pair's) reports last moved that
                     # much longer ago
@@ -170,9 +165,8 @@ class AcceptanceEstimates:
                     rate = shifted(a.ema_acceptance_rate, (text_shift or {}).get(pair, 0.0))   # unmoved at 0
                     self.observed.setdefault(pair, {})[a.position] = PositionRate(rate, checks)
             for s in snapshot.similarity:
-                if s.mode in _MODES:
-                    self.live_similarity[(s.drafter, s.verifier, _MODES[s.mode])] = s.ema_similarity
-        self.calibration = {mode: Calibration.fit(self._calibration_points(mode)) for mode in (GREEDY, SAMPLING)}
+                self.live_similarity[(s.drafter, s.verifier, s.mode)] = s.ema_similarity
+        self.calibration = {mode: Calibration.fit(self._calibration_points(mode)) for mode in Mode}
         self._rates: dict[Pair, list[float]] = {}
 
     def similarity(self, pair: Pair) -> float | None:
@@ -186,7 +180,7 @@ class AcceptanceEstimates:
         total = sum(p.checks for p in positions.values())
         return sum(p.rate * p.checks for p in positions.values()) / total
 
-    def _calibration_points(self, mode: str) -> list[tuple[float, float, float]]:
+    def _calibration_points(self, mode: Mode) -> list[tuple[float, float, float]]:
         points = []
         for pair, positions in self.observed.items():
             sim = self.similarity(pair)
@@ -221,89 +215,3 @@ class AcceptanceEstimates:
     def pairs_seen(self) -> Mapping[Pair, int]:
         """Checks at position 0 per observed pair: how much each pair has been measured."""
         return {pair: pos[min(pos)].checks for pair, pos in self.observed.items() if pos}
-
-
-LATENCY_WEIGHT_CAP = 32   # passes beyond which a measured point weighs no more in its line
-
-
-def latency_table(snapshot: ppb.SnapshotResponse | None,
-                  warmup: Mapping[str, Sequence[tuple[int, int, int]]]) -> LatencyTable:
-    """Live latencies from the snapshot, weighted by the passes each averages; the workers' warm-up
-    profile (one pass per point) fills what the snapshot lacks, scaled per model and batch size by
-    `warmup_scales`."""
-    from specrouter.profiler.metrics import bucket
-
-    live: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
-    if snapshot is not None:
-        for f in snapshot.forward:
-            live.setdefault(f.model, {})[(f.batch_size_bucket, f.tokens_per_row_bucket)] = \
-                (f.ema_forward_ns, float(min(max(f.samples, 1), LATENCY_WEIGHT_CAP)))
-    warm = {model: {(bucket(b), bucket(k)): float(ns) for b, k, ns in timings} for model, timings in warmup.items()}
-    scales = warmup_scales(warm, live)
-    points: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
-    for model, timings in warm.items():
-        points[model] = {(b, k): (ns * scales[model](b), 1.0) for (b, k), ns in timings.items()}
-    for model, measured in live.items():
-        points.setdefault(model, {}).update(measured)
-    return LatencyTable(points)
-
-
-def warmup_scales(warm: Mapping[str, Mapping[tuple[int, int], float]],
-                  live: Mapping[str, Mapping[tuple[int, int], tuple[float, float]]],
-                  ) -> dict[str, Callable[[int], float]]:
-    """Per model, batch size -> how much slower it runs live than at warm-up.
-
-    A worker times its warm-up alone on the machine; live passes share it with the rest of the cluster,
-    and how much slower they run depends on the model and grows with the batch (on a 2-core machine
-    running the demo pool: the 1m drafter 1.7x at batch 1 and 2.9x at 16, the 29m target 1.4x and 2.4x).
-    A point known only from warm-up would make what has not run lately look cheap (target-only at batch
-    16 was picked at 32 ms a cycle and ran at 57; a model that had never run at batch 16 was picked at
-    a third of its cost). So, on the log scale, with the weighted geometric mean of live / warm-up over
-    the points measured both ways: a model's own figure at a batch size where it has one; else its own
-    over every batch size plus how much more the other models measured at that batch size run slow
-    there than overall; a model never measured live takes the other models' figure at that batch size
-    (or over every batch size). With nothing measured, 1.
-    """
-    ratios = {model: _log_ratios(w, live.get(model, {})) for model, w in warm.items()}
-    own = {m: _mean(list(r.values())) for m, r in ratios.items() if r}
-    by_batch: dict[str, dict[int, float]] = {}
-    for model, r in ratios.items():
-        per: dict[int, list[tuple[float, float]]] = {}
-        for (b, _), xw in r.items():
-            per.setdefault(b, []).append(xw)
-        by_batch[model] = {b: _mean(xs) for b, xs in per.items()}
-
-    def pooled(b: int | None, exclude: str) -> tuple[float | None, float | None]:
-        """(mean over other models of their figure at b, of that figure less their own overall)."""
-        level, offset = [], []
-        for m, per in by_batch.items():
-            if m != exclude and m in own and (b is None or b in per):
-                value = own[m] if b is None else per[b]
-                level.append((value, 1.0))
-                offset.append((value - own[m], 1.0))
-        return (_mean(level), _mean(offset)) if level else (None, None)
-
-    def scale_for(model: str) -> Callable[[int], float]:
-        @functools.cache
-        def scale(b: int) -> float:
-            if b in by_batch.get(model, {}):
-                return math.exp(by_batch[model][b])
-            level, offset = pooled(b, model)
-            if model in own:
-                return math.exp(own[model] + (offset or 0.0))
-            if level is None:
-                level, _ = pooled(None, model)
-            return math.exp(level) if level is not None else 1.0
-        return scale
-    return {model: scale_for(model) for model in warm}
-
-
-def _log_ratios(warm: Mapping[tuple[int, int], float], live: Mapping[tuple[int, int], tuple[float, float]],
-                ) -> dict[tuple[int, int], tuple[float, float]]:
-    """(log(live / warm-up), passes) at each point measured both ways."""
-    return {key: (math.log(ns / warm[key]), w) for key, (ns, w) in live.items()
-            if key in warm and warm[key] > 0 and ns > 0}
-
-
-def _mean(points: Sequence[tuple[float, float]]) -> float:
-    return math.fsum(x * w for x, w in points) / math.fsum(w for _, w in points)

@@ -1,0 +1,30 @@
+"""What the scheduler chooses among: chains of the pool's models ending at the target, and the ordered
+pairs (drafter, verifier) a chain's levels check, kept apart per decoding mode."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from specrouter.profiler.metrics import Mode
+
+Pair = tuple[str, str, Mode]   # (drafter, verifier, mode)
+
+
+def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> list[tuple[str, ...]]:
+    """Every chain of distinct models ending at the target, shortest first."""
+    others = [m for m in models if m != target]
+    chains = []
+    for n in range(0, min(len(others), max_levels - 1) + 1):
+        chains += [(*p, target) for p in itertools.permutations(others, n)]
+    return chains
+
+
+def chain_pairs(chain: Sequence[str]) -> list[tuple[str, str]]:
+    """The (drafter, verifier) of each verifying level, from the first."""
+    return list(zip(chain[:-1], chain[1:]))
+
+
+def mode_of(row) -> Mode:
+    """A row's decoding mode (its sampling parameters say greedy or not)."""
+    return Mode.GREEDY if row.sampling.greedy else Mode.SAMPLING

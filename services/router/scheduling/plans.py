@@ -1,0 +1,257 @@
+"""Plans and the planner thread: the ranked candidates per batch composition, made off the cycle's path.
+
+Candidates are every chain of the pool that ends at the target (the target alone included) with every
+window of `windows`. Their predictions (cycle_cost.predict) form a plan per batch composition (rows per
+decoding mode, bucketed as the profiler buckets batch sizes: exact up to 16, then powers of two), with
+the acceptance of every pair shifted by a common number of log-odds steps (the rows' prompts) and of
+some pairs by more (the rows' own record). A background planner thread refreshes the plans in use every
+`recompute_s` from the profiler's latest snapshot, so a decision on the cycle's path is a dictionary
+lookup; only a composition never seen before, or one not asked for since its plan's snapshot was replaced
+more than `plan_max_age_s` ago, is planned inline. A shift not yet planned is planned by the planner
+thread, the nearest planned one serving meanwhile.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from specrouter.profiler.metrics import Mode, bucket
+from specrouter.router.scheduling.acceptance import AcceptanceEstimates, shifted
+from specrouter.router.scheduling.candidates import chain_pairs
+from specrouter.router.scheduling.cycle_cost import Prediction, RowGroup, call_overhead, predict
+from specrouter.router.scheduling.finish import FINISH_HORIZON, Finish
+from specrouter.router.scheduling.latency import LatencyTable, latency_table
+from specrouter.router.scheduling.settings import SchedulerSettings
+from specrouter.router.scheduling.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+# (greedy rows, sampling rows, prompt shift of every pair, record shift, pairs it shifts (None: every pair))
+PlanKey = tuple[int, int, int, int, "frozenset[tuple[str, str]] | None"]
+
+
+@dataclass
+class Plan:
+    """The ranked candidates for one batch composition."""
+
+    predictions: list[Prediction]
+    by_key: dict[tuple[tuple[str, ...], int], Prediction]
+    estimates: AcceptanceEstimates
+    latency: LatencyTable
+    made_at: float
+    version: int
+    finish: Finish | None = None   # for a one-row composition, made with the plan
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What one snapshot gives every plan made from it."""
+
+    version: int
+    estimates: AcceptanceEstimates
+    latency: LatencyTable
+
+
+def composition(greedy_rows: int, sampling_rows: int) -> tuple[int, int]:
+    """Batch compositions planned alike: the profiler's buckets (exact up to 16, then powers of two)."""
+    return (bucket(greedy_rows) if greedy_rows else 0), (bucket(sampling_rows) if sampling_rows else 0)
+
+
+def lower_priority(nice: int) -> None:
+    """Raises the calling thread's niceness by `nice` (Linux schedules threads, so this is the thread's
+    own; elsewhere, or where the OS refuses, the thread runs as it was).
+
+    The planner shares the machine with the model workers: on a small one their passes use every core,
+    and a plan made meanwhile (a few ms of CPU) slows the pass it runs beside; at batch sizes where a
+    wave's tail and the shift variants keep several plans a second in use, that shows in the cycles'
+    cost. A nice thread gets the cores the workers leave idle (between passes, while the drafter runs on
+    one core), and the GIL it may hold is released after every chain (`Planner.make`'s pause)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:
+        log.info("the scheduler's planner runs at the router's priority: %s", exc)
+
+
+class Planner:
+    """The plan cache, its snapshot version, and the thread that keeps the plans in use fresh.
+
+    `snapshot` returns the profiler's latest snapshot (a new object when it changed); `on_snapshot` hears
+    of each new one; `estimates` makes a snapshot's acceptance estimates; `overheads(batch size)` gives
+    the router's (cycle overhead, call overheads per (model, passes)); `lock` guards what cycles write
+    and plans read; `counts` is the scheduler's, which the planner adds its "plans" and "stand_ins" to."""
+
+    def __init__(self, chains: Sequence[tuple[str, ...]], settings: SchedulerSettings,
+                 snapshot: Callable[[], Snapshot | None], on_snapshot: Callable[[Snapshot, float], None],
+                 estimates: Callable[[Snapshot | None], AcceptanceEstimates],
+                 warmup: Mapping[str, Sequence[tuple[int, int, int]]],
+                 overheads: Callable[[int], tuple[float, Mapping[tuple[str, int], float]]],
+                 lock: threading.RLock, clock: Callable[[], float], counts: dict[str, int]):
+        self.chains, self.settings = list(chains), settings
+        self._snapshot, self._on_snapshot, self._estimates = snapshot, on_snapshot, estimates
+        self._latency = functools.partial(latency_table, warmup=dict(warmup))
+        self._overheads, self._lock, self._clock = overheads, lock, clock
+        self.plans: dict[PlanKey, Plan] = {}
+        self.inputs: Inputs | None = None
+        self.counts = counts   # "plans" made, "stand_ins": shifts served by the nearest planned one
+        self.planning_ns = 0                      # time spent planning, all threads
+        self._version = 0
+        self._last_snapshot_id = None
+        self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
+        self._finish_reach = FINISH_HORIZON + max(settings.windows) + 1   # tokens left a finish is costed to
+        self._stop = threading.Event()
+        self._wake = threading.Event()   # a decision asked for a plan the planner has not made
+        self.thread: threading.Thread | None = None
+
+    @property
+    def finish_reach(self) -> int:
+        return self._finish_reach
+
+    def start(self) -> None:
+        """Starts the background planner (without it, stale plans are refreshed inline)."""
+        self.thread = threading.Thread(target=self._loop, name="scheduler-planner", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        """A round every `recompute_s`, or at once when a decision asks for a shift not planned yet: a
+        one-row request lasts a few rounds, and its prompt's shift (known at its first cycle) would
+        otherwise wait up to a round for its plan, the nearest shift's serving meanwhile."""
+        lower_priority(self.settings.planner_nice)
+        while True:
+            self._wake.wait(self.settings.recompute_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.refresh()
+            except Exception:   # noqa: BLE001 - a bad snapshot must not stop planning for good
+                log.exception("the scheduler's planner failed; it tries again in %.2f s", self.settings.recompute_s)
+
+    def refresh(self) -> None:
+        """Remakes the stale plans that a decision asked for since they were made. A plan nobody asked for
+        since is left as it is until one does (it serves that decision, and is remade by the next round):
+        the compositions a wave's tail passes through are asked for once or twice a wave, and remaking every
+        one of them every round takes CPU time from the workers on a small machine. Plans not made yet
+        come first: a stand-in serves those, a stale plan its own key."""
+        now = self._clock()
+        for key, used_at in sorted(self._wanted.items(), key=lambda kv: kv[0] in self.plans):
+            if now - used_at > 10 * self.settings.recompute_s + 5:
+                self._wanted.pop(key, None)
+                continue
+            plan = self.plans.get(key)
+            if plan is not None and used_at <= plan.made_at:
+                continue
+            if plan is None or self._stale(plan):
+                fresh = self.make(*key, pause=True)
+                with self._lock:
+                    self.plans[key] = fresh
+
+    def _refresh_snapshot(self) -> Snapshot | None:
+        snapshot = self._snapshot()
+        if snapshot is not None and id(snapshot) != self._last_snapshot_id:
+            self._last_snapshot_id = id(snapshot)
+            self._version += 1
+            self._on_snapshot(snapshot, self._clock())
+        return snapshot
+
+    def _stale(self, plan: Plan) -> bool:
+        self._refresh_snapshot()
+        return plan.version != self._version and self._clock() - plan.made_at >= self.settings.recompute_s
+
+    def _servable(self, plan: Plan, now: float) -> bool:
+        """Whether a plan the planner has not remade may serve a decision: younger than `plan_max_age_s`,
+        or made from the latest snapshot. The planner remakes the plans in use each round, but a plan
+        asked for once in a while (the first cycles of a request, a shift its rows reach now and then) was
+        served as it stood and remade after: on a stream that changes kind, with other requests run between
+        two adaptive ones, such plans from a replaced snapshot ranked the candidates for the text before."""
+        if now - plan.made_at < self.settings.plan_max_age_s:
+            return True
+        try:
+            self._refresh_snapshot()
+        except Exception:   # noqa: BLE001 - no snapshot to replan from: what stands serves
+            log.debug("no profiler snapshot to replan from", exc_info=True)
+            return True
+        return plan.version == self._version
+
+    def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
+             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0) -> Plan:
+        """The ranking for a batch composition (with the acceptance of every pair shifted by `common` steps,
+        and of `pairs`, every pair if None, by `shift` more): the standing plan, made now if there is none
+        (or it is stale and no planner thread runs, or too old to serve: `_servable`). A shift the planner
+        thread has not planned yet (or whose plan is too old) is left to it; the nearest servable planned
+        shift serves meanwhile, and with none the plan is made now."""
+        key: PlanKey = (*composition(greedy_rows, sampling_rows), common, shift, pairs if shift else None)
+        now = self._wanted[key] = self._clock()
+        plan = self.plans.get(key)
+        planner_running = self.thread is not None and self.thread.is_alive()
+        if plan is not None and planner_running and not self._servable(plan, now):
+            plan = None
+        if plan is None and (shift or common) and planner_running:
+            near = [k for k, p in self.plans.items()
+                    if k[:2] == key[:2] and k[4] in (key[4], None) and self._servable(p, now)]
+            if near:
+                self.counts["stand_ins"] += 1
+                self._wake.set()
+                return self.plans[min(near, key=lambda k: abs(k[2] - common) + abs(k[3] - shift))]
+        if plan is None or (not planner_running and self._stale(plan)):
+            plan = self.plans[key] = self.make(*key)
+        return plan
+
+    def make(self, greedy_rows: int, sampling_rows: int, common: int = 0, shift: int = 0,
+             pairs: frozenset[tuple[str, str]] | None = None, pause: bool = False) -> Plan:
+        """The ranking for one composition, the acceptance rates of every pair shifted by `common` steps of
+        log-odds and those of `pairs` (every pair if None) by `shift` more. With `pause` (the planner
+        thread), the GIL is offered after every chain, so that the cycle thread waiting on a worker's reply
+        gets it at once, not after the interpreter's switch interval."""
+        started = time.perf_counter_ns()
+        now = self._clock()
+        snapshot = self._refresh_snapshot()
+        version = self._version
+        s = self.settings
+        inputs = self.inputs
+        if inputs is None or inputs.version != version:   # one snapshot's estimates serve every composition
+            inputs = self.inputs = Inputs(version, self._estimates(snapshot), self._latency(snapshot))
+        estimates, latency = inputs.estimates, inputs.latency
+        batch = greedy_rows + sampling_rows
+        step = s.batch_odds_step
+        with self._lock:   # a copy: cycles add to the EMAs while this plan is made
+            cycle_overhead, known = self._overheads(batch)
+        overhead = functools.partial(call_overhead, known)
+        predictions = []
+        for chain in self.chains:
+            if not all(m in latency.models() for m in chain):
+                continue
+            depth = max(s.windows) + len(chain)
+            windows = s.windows if len(chain) > 1 else [0]
+            groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in chain_pairs(chain)]
+                            for mode, n in ((Mode.GREEDY, greedy_rows), (Mode.SAMPLING, sampling_rows)) if n}
+            if shift or common:
+                moved = [step * (common + (shift if pairs is None or pair in pairs else 0))
+                         for pair in chain_pairs(chain)]
+                groups_rates = {mode: [[shifted(a, odds) for a in rates] if odds else rates
+                                       for rates, odds in zip(per_pair, moved)]
+                                for mode, per_pair in groups_rates.items()}
+            groups = [RowGroup(n, groups_rates[mode])
+                      for mode, n in ((Mode.GREEDY, greedy_rows), (Mode.SAMPLING, sampling_rows)) if n]
+            for w in windows:
+                predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead))
+            if pause:
+                time.sleep(0)
+        predictions.sort(key=lambda p: p.t_eff_ns)
+        finish = Finish.of(predictions, FINISH_HORIZON, self._finish_reach) if batch == 1 and predictions else None
+        self.counts["plans"] += 1
+        self.planning_ns += time.perf_counter_ns() - started
+        return Plan(predictions, {(p.chain, p.window): p for p in predictions}, estimates, latency, now, version,
+                    finish)

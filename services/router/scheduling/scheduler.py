@@ -1,0 +1,195 @@
+"""The adaptive chain scheduler: per batch and per cycle, the (chain, window) of least predicted cost.
+
+A thin front over the package's parts, each in its own module and each importing only those before it:
+
+- candidates: the chains of the pool ending at the target, and the pairs their levels check;
+- cycle_cost: one cycle's expected cost and emitted tokens; finish: a row's last cycles;
+- latency: forward times fitted from the profiler's snapshot and the workers' warm-up;
+- acceptance: each pair's acceptance per draft position, and the calibrated prior;
+- the learned corrections, each an object with `observe` and `value`: the router's own costs
+  (overheads), forward times per context length (context_scales), the rows' prompts
+  (prompt_agreement), each row's record against its prediction (row_records), when each pair was
+  last measured (freshness);
+- plans: the ranked candidates per batch composition, and the planner thread that keeps them fresh;
+- scoring and policy: a batch's score of each candidate, and the choice (fit, settle, explore);
+- ledger: the cycles' measured and predicted figures, for the report.
+
+A batch is planned with the pool's acceptance shifted by its rows' prompts (every pair, `common`
+steps) and by its rows' own record: upwards, only the pairs its standing chain runs (the record is about
+those: on repetitive text a batch's rows can beat the pool on the pair they run while another pair,
+shifted alike, would be predicted far above what it realizes); downwards, every pair (rows hard for one
+drafter are hard for the others: shifting the standing chain's pairs alone made chains the rows never
+ran look better).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+
+from specrouter.pool.similarity import PairSimilarity
+from specrouter.router.chain import ChainBatch, CycleReport, Row
+from specrouter.router.scheduling.acceptance import AcceptanceEstimates, RecentReports
+from specrouter.router.scheduling.candidates import Pair, candidate_chains, chain_pairs
+from specrouter.router.scheduling.context_scales import ContextScales
+from specrouter.router.scheduling.ema import Ema
+from specrouter.router.scheduling.freshness import PairFreshness
+from specrouter.router.scheduling.ledger import Ledgers
+from specrouter.router.scheduling.overheads import CallOverheads, CycleOverheads
+from specrouter.router.scheduling.plans import Plan, Planner
+from specrouter.router.scheduling.policy import BatchState, Decision, Policy
+from specrouter.router.scheduling.prompt_agreement import PromptAgreement
+from specrouter.router.scheduling.row_records import RowRecords
+from specrouter.router.scheduling.scoring import Score, batch_score, t_eff
+from specrouter.router.scheduling.settings import SchedulerSettings
+from specrouter.router.scheduling.snapshot import Snapshot
+
+
+class Scheduler:
+    def __init__(self, models: Sequence[str], target: str, settings: SchedulerSettings | None = None,
+                 snapshot: Callable[[], Snapshot | None] = lambda: None,
+                 warmup: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
+                 offline_similarity: Sequence[PairSimilarity] = (), clock: Callable[[], float] = time.monotonic):
+        s = self.settings = settings or SchedulerSettings()
+        self.target = target
+        self.models = list(models)
+        self.chains = candidate_chains(models, target, s.max_levels)
+        self.pairs = sorted({p for c in self.chains for p in chain_pairs(c)})
+        self._offline = list(offline_similarity)
+        self._clock = clock
+        self.lock = threading.RLock()   # plans made inline (under the lock) read the overheads too
+        self.decision_ns = Ema(0.01)
+        self.cycle_ns = Ema(0.01)
+        self.counts = {"decisions": 0, "explorations": 0, "switches": 0, "plans": 0, "stand_ins": 0}
+        # the learned corrections
+        self.call_overheads = CallOverheads(s.overhead_alpha)
+        self.cycle_overheads = CycleOverheads(s.overhead_alpha)
+        self.context_scales = ContextScales(self.models, target, s)
+        self.prompts = PromptAgreement(self.pairs, s)
+        self.records = RowRecords(s)
+        self.freshness = PairFreshness()
+        self._recent = RecentReports(s.recent_cycles)
+        self._shares: dict[tuple[Pair, int], float] = {}
+        self.ledgers = Ledgers()
+        self.planner = Planner(self.chains, s, snapshot, self._note_snapshot, self._estimates, warmup or {},
+                               self._overheads, self.lock, clock, self.counts)
+        self.policy = Policy(s, target, self.chains, self.pairs, self.freshness, clock, self.counts)
+        self._batches: weakref.WeakKeyDictionary[ChainBatch, BatchState] = weakref.WeakKeyDictionary()
+
+    @property
+    def planning_ns(self) -> int:
+        """Time spent planning, all threads."""
+        return self.planner.planning_ns
+
+    def start(self) -> None:
+        """Starts the background planner (without it, stale plans are refreshed inline)."""
+        self.planner.start()
+
+    def close(self) -> None:
+        self.planner.close()
+
+    def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
+             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0) -> Plan:
+        """The ranking for a batch composition, its pairs' acceptance shifted (Planner.plan)."""
+        return self.planner.plan(greedy_rows, sampling_rows, shift, pairs, common)
+
+    def _note_snapshot(self, snapshot: Snapshot, now: float) -> None:
+        self._recent.update(snapshot)
+        self._shares = self._recent.shares()
+        self.prompts.note_snapshot(snapshot.acceptance_alpha, self._shares)
+        self.freshness.note_snapshot(snapshot, now)
+
+    def _estimates(self, snapshot: Snapshot | None) -> AcceptanceEstimates:
+        s = self.settings
+        return AcceptanceEstimates(snapshot, self._offline, s.prior_weight, s.default_acceptance, self._shares,
+                                   self.prompts.text_shifts())
+
+    def _overheads(self, batch_size: int) -> tuple[float, dict[tuple[str, int], float]]:
+        return self.cycle_overheads.value(batch_size), self.call_overheads.value(batch_size)
+
+    # -- decisions ----------------------------------------------------------------------------------
+
+    def state(self, batch: ChainBatch) -> BatchState:
+        """The batch's standing choice and its latest decision."""
+        return self._batches.setdefault(batch, BatchState())
+
+    def choose(self, batch: ChainBatch, chain: Sequence[str] | None = None, window: int = 0,
+               ) -> tuple[tuple[str, ...], int]:
+        """The (chain, window) of the batch's next cycle. A `chain` or a `window` the requests named narrows
+        the choice to the candidates that have it (no exploration then)."""
+        started = time.perf_counter_ns()
+        with self.lock:
+            state = self.state(batch)
+            state.last = decision = self._decide(batch, state, tuple(chain) if chain else None, window)
+        self.decision_ns.add(time.perf_counter_ns() - started)
+        return decision.chain, decision.window
+
+    def decision_for(self, batch: ChainBatch) -> Decision | None:
+        """The decision of the batch's latest cycle."""
+        state = self._batches.get(batch)
+        return state.last if state else None
+
+    def _decide(self, batch: ChainBatch, state: BatchState, chain: tuple[str, ...] | None, window: int) -> Decision:
+        s = self.settings
+        rows = [r for r in batch.rows.values() if r.finish_reason is None]
+        greedy = sum(1 for r in rows if r.sampling.greedy)
+        common = self.prompts.value(rows)
+        base = plan = self.plan(greedy, len(rows) - greedy, common=common)
+        shift = self.records.value(rows)
+        # the rows' record is of the pairs they ran, the standing chain's: rows that draft better than
+        # predicted move those pairs alone (what one drafter finds easy another may not), rows that
+        # draft worse move every pair (text hard for one drafter is hard for the others), so that the
+        # record never makes a chain it did not measure look better than the one it did
+        pairs = frozenset(chain_pairs(state.current.chain)) if state.current is not None and shift > 0 else None
+        if shift:
+            plan = self.plan(greedy, len(rows) - greedy, shift, pairs, common)
+        scales = self.context_scales.value(rows)
+        score: Score = t_eff
+        solo = None
+        if s.tail_weight > 0 and rows:   # with the same cycles for one row of the batch's main mode
+            main = 2 * greedy >= len(rows)
+            solo = plan if len(rows) == 1 else self.plan(1 if main else 0, 0 if main else 1, shift, pairs, common)
+        if solo is not None or scales:
+            score = batch_score(rows, scales, solo, s.tail_weight, self.planner.finish_reach)
+        workers = getattr(batch, "workers", None)   # the models the batch still has (one may have failed)
+        usable = None if workers is None or set(self.models) <= set(workers) else frozenset(workers)
+        decision = self.policy.decide(plan, state, rows, greedy, chain, window, score, scales, usable)
+        if decision.prediction is not None and scales:
+            decision.prediction = decision.prediction.scaled(scales)
+        decision.base = base.by_key.get((decision.chain, decision.window))
+        return decision
+
+    # -- measurements ---------------------------------------------------------------------------------
+
+    def prompt_reference(self, pair: Pair) -> float | None:
+        """The pool's prompt agreement for `pair` (drafter, verifier, mode), None before any row ran it."""
+        return self.prompts.reference(pair)
+
+    def text_shifts(self) -> dict[Pair, float]:
+        """Per pair, the log-odds its measured rates move by to describe the text the pool runs now
+        (PromptAgreement.text_shifts)."""
+        return self.prompts.text_shifts()
+
+    def observe(self, report: CycleReport, rows: Sequence[Row], cycle_ns: int, auto: bool,
+                decision: Decision | None = None) -> None:
+        """One finished cycle: the router's own costs, its passes against the latency table, the rows'
+        prompts and records, and the measured against the predicted figures."""
+        with self.lock:
+            inputs = self.planner.inputs
+            self.context_scales.observe(report, rows, inputs.latency if inputs is not None else None)
+            self.prompts.observe(report, rows)
+            calls = 0
+            for model, result in report.results.items():
+                wall = report.call_ns.get(model, 0)
+                calls += wall
+                if wall:
+                    self.call_overheads.observe(model, len(rows), len(result.timings), max(0, wall - result.forward_ns))
+            self.cycle_overheads.observe(len(rows), max(0, cycle_ns - calls))
+            self.cycle_ns.add(cycle_ns)
+            now = self._clock()
+            self.records.observe(report, rows, decision.base if decision is not None else None)
+            prediction = decision.prediction if decision is not None else None
+            self.ledgers.observe(report, rows, cycle_ns, auto, prediction)
+            self.freshness.observe(report, rows, now)
