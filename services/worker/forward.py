@@ -5,6 +5,8 @@ left-aligned in every row. The attention mask is built here as a 4-D additive ma
 - a valid query attends to every valid key at or before its physical column,
 - a hole (padding) query attends only to itself, which keeps every softmax finite; no valid query
   ever attends to a hole, so what holes compute is never read.
+Llama-family models run through `llama.LlamaForward` (the same operations without transformers' module
+machinery); others through the model's own forward with the state handed over as a cache.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specrouter.worker import llama
 from specrouter.worker.state import MaskedKVState
 
 PAD_TOKEN_ID = 0  # what a hole holds; never attended to
@@ -85,8 +88,10 @@ class ForwardTiming:
 class ModelForward:
     """Wraps a loaded causal LM; runs blocks of new tokens against `MaskedKVState`s."""
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, lean: bool = True):
+        """`lean`: run Llama-family models through `llama.LlamaForward` (same operations, less Python)."""
         self.model = model.eval()
+        self.lean = llama.LlamaForward(model) if lean and llama.supports(model) else None
         cfg = model.config
         self.layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -121,11 +126,15 @@ class ModelForward:
         mask4 = self._attention_mask(state.mask, valid)                 # [B, 1, k, L + k]
         key_room = state.key_room or state.keys
         value_room = state.value_room or state.values
-        cache = Cache(layers=[RoomLayer(kr, vr, state.length) for kr, vr in zip(key_room, value_room)])
-        out = self.model(input_ids=torch.where(valid, tokens, PAD_TOKEN_ID), attention_mask=mask4,
-                         position_ids=positions, use_cache=True, **{self._cache_kwarg: cache})
-        logits = out.logits.float()
-        state.append([layer.key_room for layer in cache.layers], [layer.value_room for layer in cache.layers], tokens, valid)
+        layers = [RoomLayer(kr, vr, state.length) for kr, vr in zip(key_room, value_room)]
+        ids = torch.where(valid, tokens, PAD_TOKEN_ID)
+        if self.lean is not None:
+            logits = self.lean(ids, positions, mask4, layers).float()
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask4, position_ids=positions, use_cache=True,
+                             **{self._cache_kwarg: Cache(layers=layers)})
+            logits = out.logits.float()
+        state.append([layer.key_room for layer in layers], [layer.value_room for layer in layers], tokens, valid)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         timing = ForwardTiming(time.perf_counter_ns() - start, b, k, int(valid.sum()))

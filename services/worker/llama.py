@@ -1,0 +1,127 @@
+"""A Llama-family forward pass over the masked state, without transformers' module machinery.
+
+A small model's forward pass on a CPU is mostly Python: module calls with their hooks, keyword
+plumbing, output records and the mask preparation cost more than its matrix products (the 1m drafter
+of the demo pool spends under a quarter of a transformers forward in them). This runs the same tensor
+operations in the same order on the model's own weights (embedding, per layer RMSNorm, q/k/v
+projections, rotary embedding, scaled dot-product attention under the caller's 4-D mask, output
+projection, RMSNorm, SwiGLU MLP; final norm and LM head), so its logits are those of the model's `sdpa`
+attention given the same mask. Models it does not cover run through transformers (`supports`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+
+def supports(model: PreTrainedModel) -> bool:
+    """Whether `LlamaForward` computes exactly what this model's own forward pass computes."""
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    return (
+        cfg.model_type == "llama"
+        and getattr(cfg, "_attn_implementation", None) == "sdpa"
+        and cfg.hidden_act == "silu"
+        and getattr(cfg, "pretraining_tp", 1) == 1
+        and rope.get("rope_type", "default") == "default"
+    )
+
+
+@dataclass(frozen=True)
+class _Layer:
+    attn_norm: torch.Tensor
+    attn_eps: float
+    q: torch.Tensor
+    q_bias: torch.Tensor | None
+    k: torch.Tensor
+    k_bias: torch.Tensor | None
+    v: torch.Tensor
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    mlp_eps: float
+    gate: torch.Tensor
+    gate_bias: torch.Tensor | None
+    up: torch.Tensor
+    up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaForward:
+    """Holds references to a Llama model's weights (no copies); call it like the model, with a list of
+    per-layer caches that have `update(keys, values) -> (all keys, all values)`."""
+
+    def __init__(self, model: PreTrainedModel):
+        if not supports(model):
+            raise ValueError(f"{type(model).__name__} ({model.config.model_type}) is not a plain Llama with sdpa attention")
+        base = model.model
+        self.embed = base.embed_tokens.weight
+        self.layers = []
+        for layer in base.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(_Layer(
+                layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
+                a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias, a.v_proj.weight, a.v_proj.bias,
+                a.o_proj.weight, a.o_proj.bias,
+                layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon,
+                m.gate_proj.weight, m.gate_proj.bias, m.up_proj.weight, m.up_proj.bias, m.down_proj.weight, m.down_proj.bias))
+        first = base.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.scaling = first.scaling
+        self.groups = first.num_key_value_groups
+        self.norm, self.norm_eps = base.norm.weight, base.norm.variance_epsilon
+        self.lm_head = model.lm_head.weight
+        self.lm_head_bias = getattr(model.lm_head, "bias", None)
+        self.inv_freq = base.rotary_emb.inv_freq
+        self.rope_scaling = base.rotary_emb.attention_scaling
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+                 caches: Sequence) -> torch.Tensor:
+        """input_ids, position_ids [B, k]; mask [B, 1, k, L + k] additive; returns logits [B, k, vocab]."""
+        b, k = input_ids.shape
+        x = F.embedding(input_ids, self.embed)                                      # [B, k, hidden]
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(x.dtype).unsqueeze(1)              # [B, 1, k, head_dim]
+        sin = (emb.sin() * self.rope_scaling).to(x.dtype).unsqueeze(1)
+        shape = (b, k, -1, self.head_dim)
+        for w, cache in zip(self.layers, caches):
+            h = _rms_norm(x, w.attn_norm, w.attn_eps)
+            q = F.linear(h, w.q, w.q_bias).view(shape).transpose(1, 2)             # [B, H, k, D]
+            key = F.linear(h, w.k, w.k_bias).view(shape).transpose(1, 2)           # [B, Hkv, k, D]
+            value = F.linear(h, w.v, w.v_bias).view(shape).transpose(1, 2)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            key = (key * cos) + (_rotate_half(key) * sin)
+            key, value = cache.update(key, value)                                   # [B, Hkv, L + k, D]
+            if self.groups > 1 and k == 1:   # one query: each kv head's query heads as its query rows
+                q = q.reshape(b, -1, self.groups, self.head_dim)
+            elif self.groups > 1:
+                key = key.repeat_interleave(self.groups, dim=1)
+                value = value.repeat_interleave(self.groups, dim=1)
+            attn = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=0.0, scale=self.scaling)
+            attn = attn.reshape(b, -1, k, self.head_dim).transpose(1, 2).reshape(b, k, -1)
+            x = x + F.linear(attn, w.o, w.o_bias)
+            h = _rms_norm(x, w.mlp_norm, w.mlp_eps)
+            x = x + F.linear(F.silu(F.linear(h, w.gate, w.gate_bias)) * F.linear(h, w.up, w.up_bias), w.down, w.down_bias)
+        x = _rms_norm(x, self.norm, self.norm_eps)
+        return F.linear(x, self.lm_head, self.lm_head_bias)
