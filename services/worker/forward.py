@@ -100,14 +100,9 @@ class ModelForward:
         self.context_length = cfg.max_position_embeddings
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        # read once: the model's own properties walk its parameters on every access
+        self.device: torch.device = model.device
+        self.dtype: torch.dtype = model.dtype
 
     def empty_state(self, row_ids: list[str]) -> MaskedKVState:
         return MaskedKVState.empty(row_ids, self.layers, self.kv_heads, self.head_dim, self.dtype, self.device)
