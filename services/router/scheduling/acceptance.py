@@ -5,20 +5,19 @@ Acceptance of an ordered pair (drafter, verifier) in a decoding mode, per draft 
 profiler's EMA of the realized rate, shrunk by `prior_weight` pseudo-checks: position 0 towards the
 pair's rate pooled over its positions (itself shrunk towards the pair's prior), each deeper position
 towards the estimate of the one before it. Rates move with depth, and which way depends on the text
-(on the demo pool, 1m -> 29m on prose: 0.68 at position 0, 0.63-0.64 through position 4, 0.53 at 8;
-on repetitive tables 0.88 rising to 0.95), so a deep position measured a little is best guessed from its
-neighbour; shrunk towards the pooled rate, which position 0 dominates, deep positions came out too
-high on prose and too low on tables, and both made the middle windows look best. The
-counts are effective ones: the EMA remembers about (2 - alpha) / alpha checks (alpha: the profiler's
+(falling on prose, rising on repetitive tables), so a deep position measured a little is best guessed
+from its neighbour; shrunk towards the pooled rate, which position 0 dominates, deep positions come out
+too high on prose and too low on tables, and both make the middle windows look best. The counts are
+effective ones: the EMA remembers about (2 - alpha) / alpha checks (alpha: the profiler's
 `acceptance_alpha`), so a position weighs that many, never more than its checks, times its share of
 the pool's recent reports (`RecentReports`: its reports over the most reported pair's, both decayed
 over the last cycles of the pool). A deep position, reached in a fraction of the cycles, last moved
 that much longer ago; and a pair the batches stopped running keeps, in the profiler, the rate of the
-text it ran on last: when the text changes, the pairs still running show it and that one does not (on
-a switch from repetitive text to prose, 5m -> 29m kept its repetitive rates, 0.88-0.94 a position, and
-was picked and run for whole requests, at window 8 emitting 3.5 tokens a cycle against 5.5
-predicted). Its weight fades as the pool runs on without it, so its estimate falls back to its prior,
-which the calibration ties to the pairs measured now. Deep positions are checked rarely; this keeps an
+text it ran on last: when the text changes, the pairs still running show it and that one does not
+(after a switch from repetitive text to prose, a pair that kept its repetitive rates would be picked
+and run for whole requests at long windows, emitting far fewer tokens a cycle than predicted). Its
+weight fades as the pool runs on without it, so its estimate falls back to its prior, which the
+calibration ties to the pairs measured now. Deep positions are checked rarely; this keeps an
 easy stretch long gone from making a long window look good. Positions deeper than any measured take the
 deepest one's estimate (greedy acceptance tends to rise with depth, so the pooled rate, dominated by
 position 0, would keep windows from growing); a pair never measured takes its prior at every position.
@@ -77,9 +76,9 @@ class Calibration:
         as if two more pairs of full weight sat on the slope-1 line through the points' weighted mean,
         `CALIBRATION_SLOPE_SPREAD` of similarity either side of it. With no pair, the identity; with one,
         the identity shifted through it; the line follows the points' own slope once their similarities
-        spread wider than that. A pool's pairs are often alike in similarity (the demo pool's greedy pairs
-        span 0.72-0.76), and a second pair seen in a single lucky cycle (5 of 5 accepted, 0.04 more
-        similar) fitted slope 5.8 alone, which put every less measured pair at acceptance 1."""
+        spread wider than that. A pool's pairs are often alike in similarity, and a second pair seen in a
+        single lucky cycle (all of its drafts accepted, a little more similar) fits a steep slope alone,
+        which puts every less measured pair at acceptance 1."""
         if not points:
             return cls()
         w = sum(p[2] for p in points)
@@ -88,9 +87,9 @@ class Calibration:
         prior = 2 * CALIBRATION_WEIGHT_CAP * CALIBRATION_SLOPE_SPREAD**2   # the two pairs' sum of squares
         sxx = sum(wt * (x - mx) ** 2 for x, _, wt in points) + prior
         sxy = sum(wt * (x - mx) * (y - my) for x, y, wt in points) + prior
-        # acceptance does not fall as similarity rises: a falling line is noise over a few pairs (on the
-        # demo pool, four greedy pairs once fitted slope -2.45, which made the least similar pair of the
-        # pool the most promising); the least squares line with slope >= 0 is then the flat one
+        # acceptance does not fall as similarity rises: a falling line is noise over a few pairs (it makes
+        # the least similar pair of the pool the most promising); the least squares line with slope >= 0
+        # is then the flat one
         slope = max(0.0, sxy / sxx)
         return cls(my - slope * mx, slope, len(points))
 

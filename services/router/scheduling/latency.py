@@ -33,10 +33,9 @@ class LatencyTable:
     point the line is flat in k. A pass over more tokens never costs less: the values at the measured k
     are made nondecreasing in k by a weighted isotonic fit (pool adjacent violators; a point's weight is
     its passes plus the line's), and a k between them stays between their values. Without it, EMAs that
-    averaged different prompts (a long context costs more) ranked window 3 cheaper than window 2 at
-    batch 16 (the target's 4-token pass 81 ms against 94 for 3 tokens). A batch size without points is
-    interpolated between the nearest measured ones (extrapolated along the last segment, never below the
-    nearest).
+    averaged different prompts (a long context costs more) can rank a window cheaper than a shorter
+    one. A batch size without points is interpolated between the nearest measured ones (extrapolated
+    along the last segment, never below the nearest).
     """
 
     def __init__(self, points: Mapping[str, Mapping[tuple[int, int], tuple[float, float]]]):
@@ -169,11 +168,9 @@ def warmup_scales(warm: Mapping[str, Mapping[tuple[int, int], float]],
     """Per model, batch size -> how much slower it runs live than at warm-up.
 
     A worker times its warm-up alone on the machine; live passes share it with the rest of the cluster,
-    and how much slower they run depends on the model and grows with the batch (on a 2-core machine
-    running the demo pool: the 1m drafter 1.7x at batch 1 and 2.9x at 16, the 29m target 1.4x and 2.4x).
-    A point known only from warm-up would make what has not run lately look cheap (target-only at batch
-    16 was picked at 32 ms a cycle and ran at 57; a model that had never run at batch 16 was picked at
-    a third of its cost). So, on the log scale, with the weighted geometric mean of live / warm-up over
+    and how much slower they run depends on the model and grows with the batch. A point known only from
+    warm-up would make what has not run lately look cheap, and a configuration picked for that runs far
+    slower than predicted. So, on the log scale, with the weighted geometric mean of live / warm-up over
     the points measured both ways: a model's own figure at a batch size where it has one; else its own
     over every batch size plus how much more the other models measured at that batch size run slow
     there than overall; a model never measured live takes the other models' figure at that batch size
