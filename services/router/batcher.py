@@ -220,8 +220,8 @@ class Batcher:
         auto = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
         if auto:   # the scheduler's choice, within the chain or the window the requests named
             chain, window = self.choose_auto(batch, chain, window)
-            if len(chain) == 1:   # the cost model prices a target-only cycle as one token
-                window = 1
+            if len(chain) == 1:   # the target drafts its own block: one round trip for several tokens
+                window = 0
         choose_ns = time.perf_counter_ns() - started
         rows = [r for r in batch.rows.values() if r.finish_reason is None]
         attributes = {"specrouter.chain": ",".join(chain), "specrouter.window": window,
