@@ -23,10 +23,10 @@ import torch
 
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
-from specrouter.router.inprocess import InProcessPool, chain_name
+from specrouter.inprocess import InProcessPool, chain_name
 from specrouter.worker import rows as wire
 from specrouter.worker.engine import EngineSettings
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 GREEDY = SamplingParams()

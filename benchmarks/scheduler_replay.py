@@ -49,9 +49,7 @@ from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.scheduling.settings import SchedulerSettings
 from specrouter.router.scheduling.snapshot import Snapshot
 from specrouter.router.settings import RouterSettings
-from specrouter.worker.engine import StepResult
-from specrouter.worker.forward import ForwardTiming
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import ForwardTiming, SamplingParams, StepResult
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 # per pass and per call, least squares over the mean cycle times of the batch-1 two-level and target-only

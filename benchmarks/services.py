@@ -22,9 +22,9 @@ from specrouter import Client
 from specrouter.launcher import LocalCluster
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
-from specrouter.router.inprocess import InProcessPool
+from specrouter.inprocess import InProcessPool
 from specrouter.router.remote import RemoteWorker
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 

@@ -1,10 +1,13 @@
-"""The router: requests in flight, the chain step over the workers' operations, and (later) the scheduler.
+"""The router: requests in flight, the chain step over the workers' operations, and the scheduler that picks
+each cycle's chain and window.
 
 - `chain.py`         one running batch and the lossless multi-level cycle: draft, verify at each level, emit
 - `batcher.py`       continuous batching: requests join and leave the running batches between cycles
+- `scheduling/`      the scheduler: a cycle's cost, acceptance estimates, plans and the decision policy
+- `health.py`        which models answer: a failed drafter or verifier sits out until a probe finds it
 - `requests.py`      a generation request and its validation
 - `server.py`        the router's gRPC server (RouterService), health and reflection
 - `remote.py`        a worker over gRPC; `workers.py` what the router needs of any worker
 - `measurements.py`  cycle measurements sent to the profiler, and its cached snapshot
-- `inprocess.py`     the whole pool in one process, driven exactly as over gRPC
+- `breakdown.py`     where a request's cycles spent their time
 """

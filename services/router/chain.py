@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from specrouter.router.workers import Worker
-from specrouter.worker.engine import RowStep, StepResult, VerifyRow
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import RowStep, SamplingParams, StepResult, VerifyRow
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

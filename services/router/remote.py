@@ -9,7 +9,7 @@ import grpc
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.v1 import worker_pb2_grpc
 from specrouter.worker import protocol
-from specrouter.worker.engine import RowStep, StepResult, VerifyRow
+from specrouter.worker.calls import RowStep, StepResult, VerifyRow
 
 MAX_MESSAGE_BYTES = 256 * 2**20  # the worker enforces its own, smaller limit
 

@@ -26,7 +26,7 @@ from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_
 from specrouter.router.settings import RouterSettings
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import SamplingParams
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from specrouter.worker.engine import RowStep, StepResult, VerifyRow
+from specrouter.worker.calls import RowStep, StepResult, VerifyRow
 
 
 class Worker(Protocol):

@@ -12,13 +12,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from specrouter.worker import rows as wire
-from specrouter.worker.forward import ForwardTiming, ModelForward
-from specrouter.worker.sampling import BatchSampling, SamplingParams, next_token_probs, row_uniforms, sample, token_presence
+from specrouter.worker.calls import ForwardTiming, RowStep, StepResult, VerifyRow
+from specrouter.worker.forward import ModelForward
+from specrouter.worker.sampling import BatchSampling, next_token_probs, row_uniforms, sample, token_presence
 from specrouter.worker.state import MaskedKVState, StateError
 from specrouter.worker.verify import proposal_similarity, verify_greedy, verify_proposal
 
@@ -38,35 +39,6 @@ class ContextLengthError(StateError):
 class EngineSettings:
     state_ttl_s: float = 600.0           # states untouched this long are reclaimed
     compact_hole_fraction: float = 0.5   # compact a state when this fraction of its entries are holes
-
-
-@dataclass(frozen=True)
-class RowStep:
-    row_id: str
-    pending: Sequence[int]   # tokens this model has not processed yet (>= 1)
-    sampling: SamplingParams
-    cycle: int               # the row's cycle counter: with the seed, it names the row's random stream
-    rollback: int = 0        # valid entries to drop before the step
-
-
-@dataclass(frozen=True)
-class VerifyRow(RowStep):
-    proposal: Sequence[int] = ()
-    proposal_rows: torch.Tensor | None = None  # [k, vocab] fp16 wire rows the proposal was drawn from; None: greedy
-
-
-@dataclass
-class StepResult:
-    tokens: list[list[int]]                  # per row: the draft, or the verified proposal (accepted + 1)
-    rows: list[torch.Tensor | None]          # per row: [len, vocab] fp16 wire rows handed upward, or None
-    accepted: list[int] = field(default_factory=list)  # verify only: accepted proposal tokens per row
-    similarity: list[float] = field(default_factory=list)  # verify only, per row: sum over the proposal of 1 - TV(p, q)
-    timings: list[ForwardTiming] = field(default_factory=list)
-    handler_ns: int = 0   # the worker's handler around the engine call (decode, engine, encode); 0 in process
-
-    @property
-    def forward_ns(self) -> int:
-        return sum(t.forward_ns for t in self.timings)
 
 
 def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Protobuf at the edge: conversions between `specrouter.v1.worker_pb2` messages and engine dataclasses.
+"""Protobuf at the edge: conversions between `specrouter.v1.worker_pb2` messages and the call types of `calls.py`.
 
 Both sides use these: the worker server decodes requests and encodes responses, the router's remote
 worker does the reverse.
@@ -12,9 +12,7 @@ import torch
 
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.worker import rows as wire
-from specrouter.worker.engine import RowStep, StepResult, VerifyRow
-from specrouter.worker.forward import ForwardTiming
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import ForwardTiming, RowStep, SamplingParams, StepResult, VerifyRow
 
 
 def sampling_to_pb(s: SamplingParams) -> pb.Sampling:

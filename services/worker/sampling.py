@@ -14,34 +14,10 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-GREEDY_TEMPERATURE = 0.0
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = GREEDY_TEMPERATURE  # 0 means greedy
-    top_k: int = 0                           # 0 means off
-    top_p: float = 1.0                       # 1 means off
-    repetition_penalty: float = 1.0          # 1 means off
-    seed: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == GREEDY_TEMPERATURE
-
-    def validate(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty}")
+from specrouter.worker.calls import SamplingParams
 
 
 class BatchSampling:

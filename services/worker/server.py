@@ -16,10 +16,10 @@ from specrouter.pool.load import load_model, parse_dtype, tokenizer_fingerprint
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.v1 import worker_pb2_grpc
 from specrouter.worker import protocol
+from specrouter.worker.calls import RowStep, SamplingParams, VerifyRow
 from specrouter.worker.compute import ComputeLoop
 from specrouter.worker.engine import ContextLengthError, EngineSettings, UnknownStateError, WorkerEngine
 from specrouter.worker.forward import ModelForward
-from specrouter.worker.sampling import SamplingParams
 from specrouter.worker.settings import WorkerSettings
 from specrouter.worker.state import StateError
 
@@ -125,8 +125,6 @@ def warm_up(engine: WorkerEngine, info: pb.InfoResponse, batch_sizes: Sequence[i
     """One prefill, draft and verify on a throwaway state, so the first request pays no start-up cost;
     then one forward per (batch size, tokens per row) of the profile grid, recorded in `info` as the
     scheduler's latency prior for this model."""
-    from specrouter.worker.engine import RowStep, VerifyRow
-
     state = "__warmup__"
     engine.prefill(state, [("w", [1, 2, 3])])
     engine.draft(state, 0, 2, [RowStep("w", [4], SamplingParams(), 0)])

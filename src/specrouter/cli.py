@@ -130,9 +130,9 @@ def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k
                          chain, window) -> dict:
     from specrouter.pool.load import PoolDir
     from specrouter.pool.manifest import PoolError
-    from specrouter.router.inprocess import InProcessPool, chain_name
+    from specrouter.inprocess import InProcessPool, chain_name
     from specrouter.router.requests import parse_chain
-    from specrouter.worker.sampling import SamplingParams
+    from specrouter.worker.calls import SamplingParams
 
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=1.0 if top_p is None else top_p,
                             repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,

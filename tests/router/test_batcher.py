@@ -6,7 +6,7 @@ import threading
 
 from specrouter.router.batcher import Batcher, Failed, Finished
 from specrouter.router.requests import GenerationRequest
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import SamplingParams
 
 CONTEXT = 256
 

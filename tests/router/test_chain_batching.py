@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specrouter.router.chain import ChainBatch, Row, prompt_agreement, run_to_completion
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import SamplingParams
 
 CHAINS = [("t",), ("s", "t"), ("m", "t"), ("s", "m", "t")]
 CONTEXT = 256

@@ -11,8 +11,8 @@ import torch
 
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.chain import TARGET_ONLY_BLOCK
-from specrouter.router.inprocess import InProcessPool
-from specrouter.worker.sampling import SamplingParams
+from specrouter.inprocess import InProcessPool
+from specrouter.worker.calls import SamplingParams
 from tests.conftest import DEMO_POOL
 
 PROMPTS = 30

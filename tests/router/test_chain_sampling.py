@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specrouter.router.chain import ChainBatch, Row, run_to_completion
-from specrouter.worker.sampling import BatchSampling, SamplingParams, next_token_probs, token_presence
+from specrouter.worker.calls import SamplingParams
+from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
 from tests.conftest import tiny_engines
 from tests.stats import chi_square_p_value
 

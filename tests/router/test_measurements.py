@@ -10,7 +10,7 @@ from specrouter.profiler.settings import ProfilerSettings
 from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
 from specrouter.router.measurements import Reporter, SnapshotCache, cycle_measurements
 from specrouter.v1 import profiler_pb2 as pb
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import SamplingParams
 
 
 def run_chain(engines, reports: list[CycleReport], rows_seen: list) -> None:

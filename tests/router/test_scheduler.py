@@ -22,7 +22,7 @@ from specrouter.router.scheduling.ledger import Tally
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.scheduling.settings import SchedulerSettings
 from specrouter.v1 import profiler_pb2 as ppb
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import SamplingParams
 
 GREEDY = ppb.DECODING_MODE_GREEDY
 MS = 1e6
@@ -745,8 +745,7 @@ def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> No
     cycles measured it, a batch of that context length has its target level scaled by it, its drafter's
     level not (as the table says), and a batch of another context length nothing."""
     from specrouter.router.chain import CycleReport
-    from specrouter.worker.engine import StepResult
-    from specrouter.worker.forward import ForwardTiming
+    from specrouter.worker.calls import ForwardTiming, StepResult
 
     sched, _ = make({("a", "t"): 0.6, ("b", "t"): 0.5, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9,
                     context_min_cycles=3)
@@ -789,8 +788,7 @@ def test_a_model_that_sits_out_is_priced_by_the_target_and_its_own_ratio_fades()
     fades towards 1 in the cycles it sits out, while the target's own ratio follows what it measures. A
     model never measured at a context length is priced like the target there."""
     from specrouter.router.chain import CycleReport
-    from specrouter.worker.engine import StepResult
-    from specrouter.worker.forward import ForwardTiming
+    from specrouter.worker.calls import ForwardTiming, StepResult
 
     fade = 0.05
     sched, _ = make({("a", "t"): 0.6, ("b", "t"): 0.5, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9,

@@ -107,8 +107,8 @@ def test_traces_accept_what_the_real_chain_accepts() -> None:
     import torch
 
     from benchmarks.scheduler_replay import build_traces
-    from specrouter.router.inprocess import InProcessPool
-    from specrouter.worker.sampling import SamplingParams
+    from specrouter.inprocess import InProcessPool
+    from specrouter.worker.calls import SamplingParams
     from tests.conftest import DEMO_POOL
 
     new_tokens, depth = 12, 8

@@ -19,9 +19,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from specrouter import AsyncClient, Client, DeadlineExceededError, InvalidRequestError
 from specrouter.pool.prompts import heldout_code_prompts
-from specrouter.router.inprocess import InProcessPool
+from specrouter.inprocess import InProcessPool
 from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
-from specrouter.worker.sampling import SamplingParams
+from specrouter.worker.calls import SamplingParams
 from specrouter.router.chain import TARGET_ONLY_BLOCK
 from tests.conftest import DEMO_POOL
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from specrouter.router.chain import ChainBatch, Row, run_to_completion
-from specrouter.worker.engine import EngineSettings, RowStep, UnknownStateError, WorkerEngine
+from specrouter.worker.calls import RowStep, SamplingParams
+from specrouter.worker.engine import EngineSettings, UnknownStateError, WorkerEngine
 from specrouter.worker.forward import ModelForward
-from specrouter.worker.sampling import SamplingParams
 from specrouter.worker.state import StateError
 from tests.conftest import tiny_llama
 

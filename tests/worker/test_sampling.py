@@ -11,7 +11,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from specrouter.worker.sampling import BatchSampling, SamplingParams, next_token_probs, row_uniforms, sample, token_presence
+from specrouter.worker.calls import SamplingParams
+from specrouter.worker.sampling import BatchSampling, next_token_probs, row_uniforms, sample, token_presence
 from tests.stats import chi_square_p_value
 
 VOCAB = 50

@@ -17,9 +17,9 @@ import torch
 
 from specrouter.pool.load import PoolDir, load_model, load_tokenizer
 from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
+from specrouter.worker.calls import SamplingParams
 from specrouter.worker.engine import EngineSettings, WorkerEngine
 from specrouter.worker.forward import ModelForward
-from specrouter.worker.sampling import SamplingParams
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""The types both sides of a worker call use: the router builds the steps, the worker returns the results.
+
+A call names a state by id and carries one step per row. `RowStep` is a row's draft step, `VerifyRow`
+adds the proposal to check; `StepResult` is what any operation returns. The worker's engine takes and
+returns these in process; `protocol.py` turns them into protobuf and back for the gRPC call. They are
+plain dataclasses, so the router needs nothing else of the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specrouter.worker.forward import ForwardTiming  # what one forward pass cost, defined where it is timed
+
+GREEDY_TEMPERATURE = 0.0
+
+__all__ = ["GREEDY_TEMPERATURE", "ForwardTiming", "RowStep", "SamplingParams", "StepResult", "VerifyRow"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = GREEDY_TEMPERATURE  # 0 means greedy
+    top_k: int = 0                           # 0 means off
+    top_p: float = 1.0                       # 1 means off
+    repetition_penalty: float = 1.0          # 1 means off
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == GREEDY_TEMPERATURE
+
+    def validate(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty}")
+
+
+@dataclass(frozen=True)
+class RowStep:
+    row_id: str
+    pending: Sequence[int]   # tokens this model has not processed yet (>= 1)
+    sampling: SamplingParams
+    cycle: int               # the row's cycle counter: with the seed, it names the row's random stream
+    rollback: int = 0        # valid entries to drop before the step
+
+
+@dataclass(frozen=True)
+class VerifyRow(RowStep):
+    proposal: Sequence[int] = ()
+    proposal_rows: torch.Tensor | None = None  # [k, vocab] fp16 wire rows the proposal was drawn from; None: greedy
+
+
+@dataclass
+class StepResult:
+    tokens: list[list[int]]                  # per row: the draft, or the verified proposal (accepted + 1)
+    rows: list[torch.Tensor | None]          # per row: [len, vocab] fp16 wire rows handed upward, or None
+    accepted: list[int] = field(default_factory=list)  # verify only: accepted proposal tokens per row
+    similarity: list[float] = field(default_factory=list)  # verify only, per row: sum over the proposal of 1 - TV(p, q)
+    timings: list[ForwardTiming] = field(default_factory=list)
+    handler_ns: int = 0   # the worker's handler around the engine call (decode, engine, encode); 0 in process
+
+    @property
+    def forward_ns(self) -> int:
+        return sum(t.forward_ns for t in self.timings)
