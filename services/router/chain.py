@@ -1,4 +1,4 @@
-"""The lossless multi-level cycle over a running batch (design.md sections 3 and 4).
+"""The lossless multi-level cycle over a running batch; docs/lossless.md says why its output is the target's.
 
 For a chain [M1, ..., Mn] (Mn the target) and window W, one cycle is:
 1. draft:   M1 samples W tokens per row and keeps the rows it drew them from;
@@ -56,9 +56,6 @@ class Row:
     finish_reason: str | None = None
     seen: dict[str, int] = field(default_factory=dict)      # per model: tokens of `tokens` in its valid cache
     spec: dict[str, list[int]] = field(default_factory=dict)  # per model: speculative tokens in its cache
-    # the row's drafts against the scheduler's prediction, decayed per cycle (the scheduler keeps it):
-    # [accepted, positions checked, predicted accepted, predicted positions checked]
-    acceptance_record: list[float] = field(default_factory=lambda: [0.0] * 4)
     # per pair of models (both orders): (positions of the prompt where their argmax next tokens agree,
     # positions compared), from the prefill; how alike two models find this row before either drafts it
     prompt_agreement: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
