@@ -64,6 +64,13 @@ def test_target_only_is_one_decode_step() -> None:
     assert p.t_eff_ns == p.cost_ns
 
 
+def test_a_target_only_block_is_one_call_of_several_decode_steps() -> None:
+    p = predict(["t"], 0, [RowGroup(4, [])], latency, overhead, cycle_overhead_ns=0.5e6, target_block=4)
+    assert p.emitted == 4.0 and p.emitted_dist == (0.0, 0.0, 0.0, 0.0, 1.0)
+    assert p.cost_ns == pytest.approx(4 * latency("t", 4, 1) + overhead("t", 4) + 0.5e6)
+    assert p.t_eff_ns == pytest.approx(p.cost_ns / 4)
+
+
 def _simulate(chain, window, groups, cycles: int, rng: random.Random) -> tuple[list[float], list[float]]:
     """Runs the cycle as the router does, with Bernoulli acceptance per position: (costs, mean emitted)."""
     batch = sum(g.rows for g in groups)

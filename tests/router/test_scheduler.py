@@ -14,7 +14,7 @@ import pytest
 
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.profiler.metrics import Mode
-from specrouter.router.chain import Row
+from specrouter.router.chain import TARGET_ONLY_BLOCK, Row
 from specrouter.router.measurements import snapshot_from_pb
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, Calibration, RecentReports
 from specrouter.router.scheduling.candidates import candidate_chains, chain_pairs
@@ -857,7 +857,7 @@ def test_a_batch_shift_down_moves_every_pair() -> None:
     for p in shifted_plan.predictions:
         before = base.by_key[(p.chain, p.window)]
         if len(p.chain) == 1:
-            assert p.emitted == before.emitted == 1.0
+            assert p.emitted == before.emitted == TARGET_ONLY_BLOCK
         else:
             assert p.emitted < before.emitted
 

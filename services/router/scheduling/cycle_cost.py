@@ -116,16 +116,19 @@ def expected_batch_cost(dists: Sequence[tuple[Sequence[float], int]], cost: Call
 
 
 def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], latency: LatencyFn,
-            overhead: OverheadFn, cycle_overhead_ns: float = 0.0) -> Prediction:
-    """Expected cost and emitted tokens of one cycle of `chain` at `window` over the rows of `groups`."""
+            overhead: OverheadFn, cycle_overhead_ns: float = 0.0, target_block: int = 1) -> Prediction:
+    """Expected cost and emitted tokens of one cycle of `chain` at `window` over the rows of `groups`.
+    A target-only cycle (window 0) is one call in which the target drafts `target_block` tokens of its own."""
     chain = tuple(chain)
     batch = sum(g.rows for g in groups)
     if batch < 1:
         raise ValueError("a prediction needs at least one row")
     if len(chain) == 1:
         (model,) = chain
-        level_ns = (latency(model, batch, 1) + overhead(model, 1),)
-        return Prediction(chain, 0, batch, level_ns[0] + cycle_overhead_ns, 1.0, level_ns, emitted_dist=(0.0, 1.0))
+        block = max(1, target_block)
+        level_ns = (block * latency(model, batch, 1) + overhead(model, block),)
+        return Prediction(chain, 0, batch, level_ns[0] + cycle_overhead_ns, float(block), level_ns,
+                          emitted_dist=(0.0,) * block + (1.0,))
     # lengths per group, level by level: level 1 proposes exactly W tokens
     incoming = [[0.0] * window + [1.0] for _ in groups]
     verify_ns, checks = [], []

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specrouter.profiler.metrics import Mode, bucket
+from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, shifted
 from specrouter.router.scheduling.candidates import chain_pairs
 from specrouter.router.scheduling.cycle_cost import Prediction, RowGroup, call_overhead, predict
@@ -246,7 +247,7 @@ class Planner:
             groups = [RowGroup(n, groups_rates[mode])
                       for mode, n in ((Mode.GREEDY, greedy_rows), (Mode.SAMPLING, sampling_rows)) if n]
             for w in windows:
-                predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead))
+                predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK))
             if pause:
                 time.sleep(0)
         predictions.sort(key=lambda p: p.t_eff_ns)
