@@ -65,10 +65,12 @@ class ServiceProcess:
 
 DRAFTER_CPU_THREADS = 1  # PyTorch threads of a worker other than the target's when the pool runs on the CPU
 # How long an idle OpenMP thread of a CPU worker spins before it sleeps (GNU OpenMP's GOMP_SPINCOUNT, in
-# spin iterations; its default, 300,000, keeps a core busy for milliseconds after each forward pass,
-# taking it from the next model of the chain and from the router). Short enough that a finished forward
-# pass frees its cores at once, long enough that the threads inside one forward pass still meet spinning.
-CPU_SPINCOUNT = "2000"
+# spin iterations). Its default, 300,000, keeps a core busy for milliseconds after each forward pass,
+# taking it from the next model of the chain and from the router. Far fewer, and the target's threads
+# fall asleep between the operations of one forward pass and pay a wake-up for each of them, which costs
+# more than the whole forward's matrix products on a small model. This count covers the gaps between
+# operations and ends well before the next call arrives.
+CPU_SPINCOUNT = "20000"
 
 
 class LocalCluster:
