@@ -9,9 +9,17 @@ import sys
 
 import pytest
 
-from specrouter.report.scheduler_report import (Measured, ReportSettings, _by_rows, _checks, _outside_ms, _requests,
-                                                _same_cycles, _waves, held_out_best, held_out_picks, spearman,
-                                                wave_ratio_se)
+from specrouter.report.scheduler_checks import checks as _checks
+from specrouter.report.scheduler_format import same_cycles as _same_cycles
+from specrouter.report.scheduler_results import Acceptance, Choice, RowCycles, RunOutcome, Standing
+from specrouter.report.scheduler_runs import ReportSettings
+from specrouter.report.scheduler_runs import requests_in_waves as _requests
+from specrouter.report.scheduler_stats import LedgerSum, Measured
+from specrouter.report.scheduler_stats import cycles_by_rows as _by_rows
+from specrouter.report.scheduler_stats import held_out_best, held_out_picks
+from specrouter.report.scheduler_stats import outside_ms as _outside_ms
+from specrouter.report.scheduler_stats import spearman, wave_ratio_se
+from specrouter.report.scheduler_stats import wave_table as _waves
 
 
 def test_spearman_rank_correlation() -> None:
@@ -70,25 +78,27 @@ def test_the_held_out_pick_is_reported_but_not_checked() -> None:
     """With two waves per configuration (batch 4) the held-out figure rests on one wave a unit: it is
     reported with its standard error, and the checks judge the run-off, which measures the screening's
     picks afresh."""
-    run = _run("tables", 0.99, 1.5, False)
-    run["adaptive_over_held_out_best_static"] = 0.80
+    run = _run("tables", 0.99, 1.5, False)   # a held-out ratio of 0.80 is no part of what the checks judge
     checks = _checks([run], [])
     assert "adaptive_within_5pct_of_held_out_best_static" not in checks
     assert checks["adaptive_within_5pct_of_best_static"] is True
 
 
-def _run(kind: str, over_best: float, over_target: float, beats: bool) -> dict:
-    return {"kind": kind, "adaptive_over_best_static": over_best, "adaptive_over_held_out_best_static": over_best,
-            "adaptive_over_target_only": over_target, "adaptive_beats_every_static": beats}
+def _run(kind: str, over_best: float, over_target: float, beats: bool, runoff: Standing | None = None) -> RunOutcome:
+    return RunOutcome(kind, Standing(over_best, over_target, beats), runoff)
+
+
+def _pair(predicted: float, realized: float, in_use: bool) -> Acceptance:
+    return Acceptance(("a", "b"), "greedy", realized, predicted, 0.0, 0.0, 0.0, 0.0, in_use)
 
 
 def test_checks_apply_the_stated_thresholds() -> None:
     runs = [_run("code", 0.951, 1.5, False), _run("prose", 1.01, 0.971, True), _run("switching:a>b", 1.02, 1.4, True)]
-    acceptance = [{"in_use": True, "predicted": 0.80, "realized": 0.849},
-                  {"in_use": False, "predicted": 0.9, "realized": 0.5}]   # not in use: not judged
+    acceptance = [_pair(predicted=0.80, realized=0.849, in_use=True),
+                  _pair(predicted=0.9, realized=0.5, in_use=False)]   # not in use: not judged
     assert all(_checks(runs, acceptance).values())
     worse = _checks([_run("code", 0.949, 0.969, False), _run("switching:a>b", 1.2, 2.0, False)],
-                    [{"in_use": True, "predicted": 0.80, "realized": 0.851}])
+                    [_pair(predicted=0.80, realized=0.851, in_use=True)])
     assert not any(worse.values())
 
 
@@ -105,16 +115,14 @@ def test_a_check_with_nothing_to_judge_is_not_run() -> None:
 
 
 def test_checks_judge_a_run_by_its_runoff_where_it_has_one() -> None:
-    lucky_screening = _run("code", 0.90, 0.96, False)     # fails on the screening's figures ...
-    lucky_screening["runoff"] = {"adaptive_over_best_static": 0.97, "adaptive_over_target_only": 1.2,
-                                 "adaptive_beats_every_static": True}   # ... passes on the run-off's
+    lucky_screening = _run("code", 0.90, 0.96, False,     # fails on the screening's figures ...
+                           runoff=Standing(0.97, 1.2, True))   # ... passes on the run-off's
     checks = _checks([lucky_screening], [])
     assert checks["adaptive_within_5pct_of_best_static"] and checks["adaptive_at_most_3pct_slower_than_target_only"]
-    lost = _run("code", 1.0, 1.5, True)
-    lost["runoff"] = {"adaptive_over_best_static": 0.94, "adaptive_over_target_only": 0.96,
-                      "adaptive_beats_every_static": False}
-    switching = _run("switching:a>b", 1.1, 1.5, True)
-    switching["runoff"] = dict(lost["runoff"])
+    lost_runoff = Standing(adaptive_over_best_static=0.94, adaptive_over_target_only=0.96,
+                           adaptive_beats_every_static=False)
+    lost = _run("code", 1.0, 1.5, True, runoff=lost_runoff)
+    switching = _run("switching:a>b", 1.1, 1.5, True, runoff=lost_runoff)
     checks = _checks([lost, switching], [])
     assert not checks["adaptive_within_5pct_of_best_static"]
     assert not checks["adaptive_at_most_3pct_slower_than_target_only"]
@@ -124,7 +132,7 @@ def test_checks_judge_a_run_by_its_runoff_where_it_has_one() -> None:
 def test_time_outside_the_cycles_is_the_clients_less_the_routers() -> None:
     """Two waves of batch 2: 96 tokens in 1.5 s at the client; the router's cycles took 1,000 ms and
     emitted 40 tokens per row (a cycle serves both rows), so 25 ms per token of a row, 12.5 per token."""
-    m = Measured(waves=[(48, 0.7), (48, 0.8)], cycle_ms=1000.0, emitted=40.0)
+    m = Measured(waves=[(48, 0.7), (48, 0.8)], total=LedgerSum(cycle_ms=1000.0, emitted=40.0))
     assert _outside_ms(m, 2) == pytest.approx(1500 / 96 - 12.5)
     assert _outside_ms(Measured(), 1) is None
 
@@ -133,14 +141,14 @@ def test_cycles_are_split_by_the_rows_they_ran() -> None:
     """A wave of 4 rows at window 6: 10 cycles of all four (700 ms, 5 tokens a row each), then 2 of the
     last row (90 ms, 4 tokens); and 1 cycle at window 3 of one row. Longest rows first within a config."""
     m = Measured()
-    m.by_rows[("a,b W6", 4)] = [10.0, 700.0, 50.0]
-    m.by_rows[("a,b W6", 1)] = [2.0, 90.0, 8.0]
-    m.by_rows[("a,b W3", 1)] = [1.0, 40.0, 4.0]
-    m.by_rows[("a,b W8", 2)] = [0.0, 0.0, 0.0]   # nothing ran: left out
+    m.by_rows[("a,b W6", 4)] = LedgerSum(10, 700.0, 50.0)
+    m.by_rows[("a,b W6", 1)] = LedgerSum(2, 90.0, 8.0)
+    m.by_rows[("a,b W3", 1)] = LedgerSum(1, 40.0, 4.0)
+    m.by_rows[("a,b W8", 2)] = LedgerSum(0, 0.0, 0.0)   # nothing ran: left out
     assert _by_rows(m) == [
-        {"config": "a,b W3", "rows": 1, "cycles": 1, "cycle_ms": 40.0, "emitted": 4.0, "ms_per_token": 10.0},
-        {"config": "a,b W6", "rows": 4, "cycles": 10, "cycle_ms": 70.0, "emitted": 5.0, "ms_per_token": 14.0},
-        {"config": "a,b W6", "rows": 1, "cycles": 2, "cycle_ms": 45.0, "emitted": 4.0, "ms_per_token": 11.25},
+        RowCycles(config="a,b W3", rows=1, cycles=1, cycle_ms=40.0, emitted=4.0, ms_per_token=10.0),
+        RowCycles(config="a,b W6", rows=4, cycles=10, cycle_ms=70.0, emitted=5.0, ms_per_token=14.0),
+        RowCycles(config="a,b W6", rows=1, cycles=2, cycle_ms=45.0, emitted=4.0, ms_per_token=11.25),
     ]
 
 
@@ -171,22 +179,26 @@ def test_adaptive_is_shown_wave_by_wave_beside_the_statics() -> None:
     """Two passes of two waves: adaptive's tokens per second in each, the statics' in the same wave, and
     what adaptive chose there; `wave` counts within the pass."""
     adaptive = Measured(waves=[(96, 1.0), (48, 1.0), (96, 2.0), (48, 0.5)],
-                        wave_choices=[{"a,b W6": [10.0, 500.0, 40.0, 480.0, 45.0]}, {"b": [48.0, 960.0, 48.0, 900.0, 48.0]},
-                                      {"a,b W6": [12.0, 600.0, 48.0, 560.0, 50.0]}, {"a,b W2": [4.0, 100.0, 8.0, 96.0, 9.0]}])
+                        wave_choices=[{"a,b W6": LedgerSum(10, 500.0, 40.0, 480.0, 45.0)},
+                                      {"b": LedgerSum(48, 960.0, 48.0, 900.0, 48.0)},
+                                      {"a,b W6": LedgerSum(12, 600.0, 48.0, 560.0, 50.0)},
+                                      {"a,b W2": LedgerSum(4, 100.0, 8.0, 96.0, 9.0)}])
     static = Measured(waves=[(96, 1.2), (48, 0.8), (96, 1.0), (48, 1.0)])
     waves = _waves(adaptive, [static], 2)
-    assert [w["wave"] for w in waves] == [0, 1, 0, 1]
-    assert [w["tokens_per_s"] for w in waves] == [96.0, 48.0, 48.0, 96.0]
-    assert [w["statics_tokens_per_s"] for w in waves] == [[80.0], [60.0], [96.0], [48.0]]
-    assert waves[0]["choices"] == {"a,b W6": {"cycles": 10, "predicted_cycle_ms": 48.0, "measured_cycle_ms": 50.0,
-                                              "predicted_emitted": 4.5, "measured_emitted": 4.0}}
-    assert list(waves[1]["choices"]) == ["b"] and list(waves[3]["choices"]) == ["a,b W2"]
+    assert [w.wave for w in waves] == [0, 1, 0, 1]
+    assert [w.tokens_per_s for w in waves] == [96.0, 48.0, 48.0, 96.0]
+    assert [w.statics_tokens_per_s for w in waves] == [[80.0], [60.0], [96.0], [48.0]]
+    assert waves[0].choices == {"a,b W6": Choice(cycles=10, predicted_cycle_ms=48.0, measured_cycle_ms=50.0,
+                                                 predicted_emitted=4.5, measured_emitted=4.0)}
+    assert list(waves[1].choices) == ["b"] and list(waves[3].choices) == ["a,b W2"]
 
 
 def test_adaptive_is_compared_with_a_static_at_its_configuration_and_rows() -> None:
-    static = [{"config": "a,b W6", "rows": 4, "cycle_ms": 70.0}, {"config": "a,b W6", "rows": 1, "cycle_ms": 45.0}]
-    adaptive = [{"config": "a,b W8", "rows": 4, "cycle_ms": 80.0}, {"config": "a,b W6", "rows": 1, "cycle_ms": 50.0},
-                {"config": "a,b W6", "rows": 4, "cycle_ms": 72.0}]
+    def cycles(config: str, rows: int, cycle_ms: float) -> RowCycles:
+        return RowCycles(config, rows, cycles=1, cycle_ms=cycle_ms, emitted=1.0, ms_per_token=cycle_ms)
+
+    static = [cycles("a,b W6", 4, 70.0), cycles("a,b W6", 1, 45.0)]
+    adaptive = [cycles("a,b W8", 4, 80.0), cycles("a,b W6", 1, 50.0), cycles("a,b W6", 4, 72.0)]
     assert _same_cycles(adaptive, static, 4) == (adaptive[2], static[0])
     assert _same_cycles(adaptive, static, 1) == (adaptive[1], static[1])
     assert _same_cycles(adaptive, static, 2) is None          # the static ran no cycle of 2 rows
