@@ -38,7 +38,7 @@ from specrouter.report.bench_results import (
     Check, Entry, Mismatch, Screened, Spread, agreeing, assisted_label, evaluate_checks, find_mismatches, set_ratios,
     tokens_per_s)
 from specrouter.report.inflight import in_flight
-from specrouter.report.scheduler_report import Config as ServiceConfig   # (chain or None for adaptive, window)
+from specrouter.report.scheduler_results import Config as ServiceConfig   # (chain or None for adaptive, window)
 from specrouter.report.workloads import Prompt, by_kind
 
 SWITCHING = "switching"
