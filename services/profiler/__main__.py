@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 
 from grpc_health.v1 import health
 
+from specrouter import lifecycle
 from specrouter.profiler.server import create_server, shutdown
 from specrouter.profiler.settings import ProfilerSettings
 from specrouter.profiler.store import open_store
@@ -37,29 +35,26 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lifecycle.configure_logging(verbose=args.verbose)
     settings = ProfilerSettings(**{k: v for k, v in vars(args).items() if k != "verbose" and v is not None})
-    from specrouter import tracing
 
-    tracing.configure("specrouter-profiler", os.environ)
-    store = open_store(settings)
-    health_servicer = health.HealthServicer()
-    server, port = create_server(settings, store, health_servicer)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    server.start()
-    log.info("metrics %s, ema_alpha %g, acceptance_alpha %g",
-             "in memory" if settings.redis_url is None else f"in Redis under {settings.key_prefix!r}",
-             settings.ema_alpha, settings.acceptance_alpha)
-    print(f"profiler listening on {settings.host}:{port}", flush=True)  # the line process supervisors wait for
-    stop.wait()
-    log.info("shutting down (grace %.1f s)", settings.grace_s)
-    shutdown(server, health_servicer, settings.grace_s)
-    store.close()
-    tracing.shutdown()
-    return 0
+    def open_profiler() -> lifecycle.Running:
+        store = open_store(settings)
+        health_servicer = health.HealthServicer()
+        server, port = create_server(settings, store, health_servicer)
+        server.start()
+        log.info("metrics %s, ema_alpha %g, acceptance_alpha %g",
+                 "in memory" if settings.redis_url is None else f"in Redis under {settings.key_prefix!r}",
+                 settings.ema_alpha, settings.acceptance_alpha)
+
+        def close() -> None:
+            log.info("shutting down (grace %.1f s)", settings.grace_s)
+            shutdown(server, health_servicer, settings.grace_s)
+            store.close()
+
+        return lifecycle.Running(f"profiler listening on {settings.host}:{port}", close)
+
+    return lifecycle.serve("specrouter-profiler", open_profiler)
 
 
 if __name__ == "__main__":

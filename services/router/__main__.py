@@ -2,59 +2,42 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import logging
-import signal
 import sys
-import threading
 
+from specrouter import lifecycle
 from specrouter.router.settings import RouterSettings
 
 
 def parse_settings(argv: list[str] | None) -> RouterSettings:
-    ap = argparse.ArgumentParser(prog="specrouter serve router", description=__doc__)
-    for name in RouterSettings.model_fields:
-        ap.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                        help=f"(env SPECROUTER_ROUTER_{name.upper()})")
-    given = {k: v for k, v in vars(ap.parse_args(argv)).items() if v is not None}
-    if "workers" in given:
-        given["workers"] = [w for w in given["workers"].split(",") if w]
-    if "scheduler" in given:
-        given["scheduler"] = json.loads(given["scheduler"])
-    return RouterSettings(**given)
+    return lifecycle.settings_from_flags(RouterSettings, argv, prog="specrouter serve router", description=__doc__,
+                                         convert={"workers": lambda s: [w for w in s.split(",") if w],
+                                                  "scheduler": json.loads})
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lifecycle.configure_logging()
     from specrouter.router import server as srv
 
     settings = parse_settings(argv)
-    from specrouter import tracing
 
-    tracing.configure("specrouter-router", os.environ)
-    try:
+    def open_router() -> lifecycle.Running:
         router = srv.Router(settings, srv.connect_workers(settings))
+        router.start()
+        grpc_server, port, _ = srv.create_server(settings, router)
+        grpc_server.start()
+
+        def close() -> None:
+            grpc_server.stop(settings.grace_s).wait()
+            router.close()
+
+        return lifecycle.Running(f"router listening on {settings.host}:{port}", close)
+
+    try:
+        return lifecycle.serve("specrouter-router", open_router)
     except srv.PoolMismatch as exc:
         print(f"router: {exc}", file=sys.stderr)
         return 2
-    router.batcher.start()
-    grpc_server, port, _ = srv.create_server(settings, router)
-    grpc_server.start()
-    # handlers before the "listening" line: a supervisor may stop the router as soon as it reads it
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"router listening on {settings.host}:{port}", flush=True)
-    stop.wait()
-    grpc_server.stop(settings.grace_s).wait()
-    router.batcher.stop()
-    router.scheduler.close()
-    router.reporter.close()
-    router.metrics.close()
-    tracing.shutdown()
-    return 0
 
 
 if __name__ == "__main__":

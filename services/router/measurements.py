@@ -73,6 +73,9 @@ class Reporter:
         self._timeout_s = timeout_s
         self._thread = threading.Thread(target=self._run, name="profiler-reporter", daemon=True)
         self.dropped = 0
+
+    def start(self) -> None:
+        """Starts the sending thread; without a profiler there is nothing to send."""
         if self._stub is not None:
             self._thread.start()
 
@@ -116,7 +119,7 @@ class Reporter:
             otel_context.detach(token)
 
     def close(self) -> None:
-        if self._stub is not None:
+        if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(5)
 
@@ -149,6 +152,9 @@ class SnapshotCache:
         self._fetched_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="profiler-snapshot", daemon=True)
+
+    def start(self) -> None:
+        """Starts fetching in the background; without a profiler there is no snapshot."""
         if self._stub is not None:
             self._thread.start()
 

@@ -60,7 +60,10 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 class Router:
-    """The pool as the router sees it: workers, tokenizer, target, and the batcher."""
+    """The pool as the router sees it: workers, tokenizer, target, and the parts that run in the background
+    (the batcher's loop and worker probes, the scheduler's planner, the profiler's reports and snapshots).
+    `start` starts them, `close` stops them in order: the batcher first, so no cycle runs against a part
+    that has stopped."""
 
     def __init__(self, settings: RouterSettings, workers: dict[str, RemoteWorker]):
         self.settings = settings
@@ -86,10 +89,21 @@ class Router:
         offline = load_similarity(settings.pool_dir) if settings.pool_dir else []
         self.scheduler = Scheduler(self.by_size, self.target, settings.scheduler, lambda: self.metrics.get()[0],
                                    warmup, offline)
-        self.scheduler.start()
         self.batcher = Batcher(workers, self.target, self.context_length, self.tokenizer.eos_token_id,
                                self.choose_auto, self.stop_check, self.reporter.observe, self.cycle_done,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0)
+
+    def start(self) -> None:
+        self.reporter.start()
+        self.metrics.start()
+        self.scheduler.start()
+        self.batcher.start()
+
+    def close(self) -> None:
+        self.batcher.stop()
+        self.scheduler.close()
+        self.reporter.close()
+        self.metrics.close()
 
     def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
                     window: int = 0) -> tuple[tuple[str, ...], int]:

@@ -55,6 +55,8 @@ def test_reports_reach_the_profiler_and_the_snapshot_comes_back(tiny_pool) -> No
     try:
         address = f"127.0.0.1:{port}"
         reporter, cache = Reporter(address), SnapshotCache(address, refresh_s=0.05)
+        reporter.start()
+        cache.start()
         reports, rows = [], []
         run_chain(tiny_pool, reports, rows)
         for report, seen in zip(reports, rows):
