@@ -259,7 +259,8 @@ class WorkerEngine:
         if any(len(r.pending) == 0 for r in rows):
             raise StateError("every row needs at least one pending token (the last emitted one)")
         state.select(ids)
-        state.rollback(torch.tensor([r.rollback for r in rows], dtype=torch.long))
+        if any(r.rollback for r in rows):
+            state.rollback(torch.tensor([r.rollback for r in rows], dtype=torch.long))
         lengths = state.valid_lengths().tolist()
         self._check_context([n + len(r.pending) + extra_tokens for n, r in zip(lengths, rows)])
         total = state.batch_size * state.length

@@ -139,11 +139,14 @@ class ModelForward:
         b, k = new_valid.shape
         past = past_valid.shape[1]
         keys_valid = torch.cat([past_valid, new_valid], dim=1)               # [B, L + k]
+        neg = torch.finfo(self.dtype).min
+        if k == 1 and bool(new_valid.all()):   # one valid query a row, the last column: every valid key
+            return torch.zeros(keys_valid.shape, dtype=self.dtype, device=keys_valid.device).masked_fill_(
+                ~keys_valid, neg)[:, None, None]
         q_col = past + torch.arange(k, device=keys_valid.device)            # physical column of each query
         k_col = torch.arange(past + k, device=keys_valid.device)
         causal = k_col[None, :] <= q_col[:, None]                            # [k, L + k]
         allowed = causal[None] & keys_valid[:, None, :]                      # [B, k, L + k]
         self_only = (k_col[None, :] == q_col[:, None])[None] & ~new_valid[:, :, None]
         allowed = allowed | self_only
-        neg = torch.finfo(self.dtype).min
         return torch.zeros(allowed.shape, dtype=self.dtype, device=keys_valid.device).masked_fill_(~allowed, neg)[:, None]
