@@ -43,7 +43,7 @@ from specrouter.profiler.memory_store import MemoryStore
 from specrouter.profiler.metrics import EmaConstants, Update
 from specrouter.profiler.resilient import ResilientMetrics
 from specrouter.report.scheduler_report import Config
-from specrouter.router.chain import CycleReport, Row, prompt_agreement
+from specrouter.router.chain import TARGET_ONLY_BLOCK, CycleReport, Row, prompt_agreement
 from specrouter.router.measurements import cycle_measurements
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.scheduling.settings import SchedulerSettings
@@ -154,9 +154,10 @@ class Costs:
         return {m: [(b, k, int(self.pass_at(m, b) * 1e6)) for b in (1, 2, 4, 8, 16) for k in range(1, 17)]
                 for m in self.pass_ms}
 
-    def cycle_ms(self, chain: Sequence[str], window: int, batch: int = 1) -> float:
+    def cycle_ms(self, chain: Sequence[str], window: int, batch: int = 1, block: int = TARGET_ONLY_BLOCK) -> float:
+        """A cycle's wall time; the target alone decodes `block` tokens in its one call, as the router runs it."""
         if len(chain) == 1:
-            return self.call_at(batch) + self.pass_at(chain[0], batch)
+            return self.call_at(batch) + block * self.pass_at(chain[0], batch)
         return 2 * self.call_at(batch) + window * self.pass_at(chain[0], batch) + self.pass_at(chain[1], batch)
 
 
@@ -207,11 +208,13 @@ class Replay:
             decision = self.scheduler.decision_for(batch) if static is None else None
             running = [(row, prompt) for row, prompt in rows if row.row_id in batch.rows]
             live = [row for row, _ in running]
-            # a catch-up is one wider pass: flat, like any pass here
-            ms = self.costs.cycle_ms(chain, window, len(running))
-            accepted = [min(prompt["accepted"][chain[0]][len(row.generated)], window) if len(chain) > 1 else 0
+            # a catch-up is one wider pass: flat, like any pass here; the target alone decodes a block,
+            # no longer than the rows still want
+            block = min(TARGET_ONLY_BLOCK, max(r.max_new_tokens - len(r.generated) for r in live))
+            ms = self.costs.cycle_ms(chain, window, len(running), block)
+            accepted = [min(prompt["accepted"][chain[0]][len(row.generated)], window) if len(chain) > 1 else block - 1
                         for row, prompt in running]
-            report = self._report(chain, window, live, accepted)
+            report = self._report(chain, window, live, accepted, block)
             self.clock.now += ms / 1e3
             measured = cycle_measurements(report, live)   # what the router sends the profiler
             self.metrics.report([Update.of(s) for s in codec.samples_from_pb(measured)])
@@ -227,14 +230,15 @@ class Replay:
                 self.picks[(tuple(chain), window if len(chain) > 1 else 0)] += 1
         return total
 
-    def _report(self, chain: Sequence[str], window: int, rows: Sequence[Row], accepted: Sequence[int]) -> CycleReport:
+    def _report(self, chain: Sequence[str], window: int, rows: Sequence[Row], accepted: Sequence[int],
+                block: int) -> CycleReport:
         """The cycle as the router reports it: each call its passes (at the table's cost) and the call's
         overhead, so that the scheduler learns the replay's costs. A row emits its accepted tokens and the
-        verifier's, up to its tokens left."""
+        verifier's (the target alone: its block), up to its tokens left."""
         results, call_ns = {}, {}
         batch = len(rows)
         for level, model in enumerate(chain):
-            passes = window if level == 0 and len(chain) > 1 else 1
+            passes = (window if len(chain) > 1 else block) if level == 0 else 1
             width = window + 1 if level > 0 else 1
             pass_ns = int(self.costs.pass_at(model, batch) * 1e6)
             results[model] = StepResult(tokens=[], rows=[], timings=[ForwardTiming(pass_ns, batch, width, width)

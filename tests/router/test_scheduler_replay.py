@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.scheduler_replay import Costs, Replay, replay_workloads
+from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.scheduling.settings import SchedulerSettings
 
 NEW_TOKENS = 24
@@ -37,12 +38,12 @@ def test_the_scheduler_learns_the_costs_the_replay_charges() -> None:
 
 def test_a_replay_charges_each_cycle_by_what_the_traces_accept() -> None:
     """A static window 4 on a drafter the target always agrees with emits 5 tokens a cycle: 24 tokens
-    take 5 cycles; the target alone takes 24."""
+    take 5 cycles; the target alone, a block of TARGET_ONLY_BLOCK tokens a call, takes 24 / TARGET_ONLY_BLOCK."""
     replay = Replay(_traces(), COSTS, SchedulerSettings())
     easy, hard = _traces()["prompts"][0], _traces()["prompts"][-1]
     assert replay.run(easy, (("d", "t"), 4)) == pytest.approx(5 * COSTS.cycle_ms(("d", "t"), 4))
     assert replay.run(hard, (("d", "t"), 4)) == pytest.approx(NEW_TOKENS * COSTS.cycle_ms(("d", "t"), 4))
-    assert replay.run(hard, (("t",), 0)) == pytest.approx(NEW_TOKENS * COSTS.cycle_ms(("t",), 0))
+    assert replay.run(hard, (("t",), 0)) == pytest.approx(NEW_TOKENS // TARGET_ONLY_BLOCK * COSTS.cycle_ms(("t",), 0))
 
 
 GROWING = Costs({"d": 10.0, "t": 40.0}, call_ms=80.0, growth={"d": 0.1, "t": 0.5, "call": 0.25})
@@ -142,4 +143,4 @@ def test_a_run_off_counts_auto_target_only_and_the_fastest_statics_alone() -> No
     # on easy text a cycle at window 8 (2 calls, 8 drafts, a target pass) emits 9 tokens: 24 in 3 cycles
     easy = by_kind["repetitive"]["ms_per_token"]
     assert easy["d,t W8"] == pytest.approx(3 * (2 * 80 + 8 * 10 + 40) / NEW_TOKENS, rel=1e-6)
-    assert easy["t"] == pytest.approx(80 + 40, rel=1e-6)
+    assert easy["t"] == pytest.approx((80 + TARGET_ONLY_BLOCK * 40) / TARGET_ONLY_BLOCK, rel=1e-6)
