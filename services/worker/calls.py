@@ -13,11 +13,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specrouter.worker.forward import ForwardTiming  # what one forward pass cost, defined where it is timed
-
 GREEDY_TEMPERATURE = 0.0
 
 __all__ = ["GREEDY_TEMPERATURE", "ForwardTiming", "RowStep", "SamplingParams", "StepResult", "VerifyRow"]
+
+
+@dataclass(frozen=True)
+class ForwardTiming:
+    """What one forward pass cost, as the worker timed it (the profiler's latency samples)."""
+
+    forward_ns: int
+    batch_size: int
+    tokens_per_row: int   # columns in the block (the longest row)
+    tokens_valid: int     # tokens actually processed
 
 
 @dataclass(frozen=True)

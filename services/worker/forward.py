@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specrouter.worker import llama
+from specrouter.worker.calls import ForwardTiming
 from specrouter.worker.state import MaskedKVState
 
 PAD_TOKEN_ID = 0  # what a hole holds; never attended to
@@ -75,14 +75,6 @@ def _grown(room: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
     out = room.new_empty(b, h, capacity, d)
     out[:, :, :length] = room[:, :, :length]
     return out
-
-
-@dataclass(frozen=True)
-class ForwardTiming:
-    forward_ns: int
-    batch_size: int
-    tokens_per_row: int   # columns in the block (the longest row)
-    tokens_valid: int     # tokens actually processed
 
 
 class ModelForward:
