@@ -1,9 +1,8 @@
 """A Llama-family forward pass over the masked state, without transformers' module machinery.
 
 A small model's forward pass on a CPU is mostly Python: module calls with their hooks, keyword
-plumbing, output records and the mask preparation cost more than its matrix products (the 1m drafter
-of the demo pool spends under a quarter of a transformers forward in them). This runs the same tensor
-operations in the same order on the model's own weights (embedding, per layer RMSNorm, q/k/v
+plumbing, output records and the mask preparation can cost more than its matrix products. This runs
+the same tensor operations in the same order on the model's own weights (embedding, per layer RMSNorm, q/k/v
 projections, rotary embedding, scaled dot-product attention under the caller's 4-D mask, output
 projection, RMSNorm, SwiGLU MLP; final norm and LM head), so its logits are those of the model's `sdpa`
 attention given the same mask. Models it does not cover run through transformers (`supports`).
