@@ -184,30 +184,31 @@ def up(
     device: str = typer.Option("cpu"),
     log_dir: Path = typer.Option(Path(".cache/logs"), help="Each service's log file goes here."),
 ) -> None:
-    """Start the embedded default: a profiler, one worker per pool model and a router, on localhost."""
+    """Start the embedded default: a profiler, one worker per pool model and a router, on localhost.
+
+    A service that exits is started again on its port after a backoff (0.5 s, doubling to 30 s); the log
+    says which, its exit code and the end of its log file. Ctrl-C or SIGTERM stops every service."""
     import signal
     import threading
 
-    from specrouter.launcher import LocalCluster
+    from specrouter.launcher import LocalCluster, Supervisor
     from specrouter.pool.manifest import PoolError
 
+    _logging(False)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    announce = lambda s: print(f"{s.name} up at {s.address}", flush=True)  # noqa: E731
     try:
         cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
-                               device=device, on_start=lambda s: print(f"{s.name} up at {s.address}", flush=True))
+                               device=device, on_start=announce)
     except (PoolError, RuntimeError) as exc:
         _fail("FAILED_PRECONDITION", str(exc))
     print(f"router listening on {cluster.router.address}", flush=True)
-    dead: list[str] = []
     try:
-        while not stop.wait(1.0) and not dead:
-            dead = [s.name for s in cluster.services if not s.alive()]
+        Supervisor(cluster.services, on_back=announce).run(stop)
     finally:
         cluster.stop()
-    if dead:
-        _fail("UNAVAILABLE", f"{', '.join(dead)} exited; see the logs in {log_dir}")
     typer.echo("stopped", err=True)
 
 

@@ -1,51 +1,97 @@
-"""Starting the services as child processes, each on a free port: `specrouter up` and the tests."""
+"""Starting the services as child processes, each on a free port, and keeping them up: `specrouter up`
+and the tests."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 START_TIMEOUT_S = 300.0
+LOG_TAIL_CHARS = 2000   # the end of a service's log that a failure message quotes
 
 
 class ServiceProcess:
-    """`python -m MODULE ARGS...`, which prints `... listening on HOST:PORT` once it serves."""
+    """`python -m MODULE ARGS...`, which prints `... listening on HOST:PORT` once it serves.
+
+    Its stdout and stderr go to `log_dir/NAME.log`; `respawn` starts it again on the port it had, the
+    log kept (a restart appends to it)."""
 
     def __init__(self, module: str, *args: str, log_dir: Path, env: dict[str, str] | None = None,
                  name: str | None = None):
         self.name = name or module.rsplit(".", 1)[-1]
+        self.module, self.args, self.env = module, list(args), {**os.environ, **(env or {})}
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{self.name}.log"
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True, env={**os.environ, **(env or {})})
+        self.log_path.write_text("")
+        self.address: str | None = None
+        self.restarts = 0
+        self._spawn(self.args)
         self.address = self._wait_listening()
+
+    def _spawn(self, args: Sequence[str]) -> None:
+        self._ready, self._ended = threading.Event(), threading.Event()
+        log_file = self.log_path.open("a")   # appends: a restart keeps what the last run wrote
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, *args], stdout=subprocess.PIPE,
+                                     stderr=log_file, text=True, env=self.env)
+        # stdout is read to its end, into the log: a chatty child would block on a full pipe
+        threading.Thread(target=self._drain, args=(self.proc, log_file, self._ready, self._ended),
+                         name=f"{self.name}-stdout", daemon=True).start()
+
+    def _drain(self, proc: subprocess.Popen, log_file, ready: threading.Event, ended: threading.Event) -> None:
+        try:
+            for line in proc.stdout:
+                log_file.write(line)
+                log_file.flush()
+                m = LISTENING.search(line)
+                if m and not ready.is_set():
+                    host = "127.0.0.1" if m.group(1) in ("[::]", "0.0.0.0") else m.group(1)
+                    self._listening_at = f"{host}:{m.group(2)}"
+                    ready.set()
+        finally:
+            log_file.close()
+            ended.set()
 
     def _wait_listening(self) -> str:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            m = LISTENING.search(line)
-            if m:
-                # keep draining stdout into the log, or a chatty child would block on a full pipe
-                threading.Thread(target=self._drain, daemon=True).start()
-                host = "127.0.0.1" if m.group(1) in ("[::]", "0.0.0.0") else m.group(1)
-                return f"{host}:{m.group(2)}"
+        while not self._ready.wait(0.05) and not self._ended.is_set() and time.monotonic() < deadline:
+            pass
+        if self._ready.is_set():
+            return self._listening_at
         self.stop()
-        raise RuntimeError(f"{self.name} did not start; the end of {self.log_path}:\n{self.log_path.read_text()[-3000:]}")
+        raise RuntimeError(f"{self.name} did not start; the end of {self.log_path}:\n{self.log_tail()}")
 
-    def _drain(self) -> None:
-        for line in self.proc.stdout:
-            self._log.write(line)
-            self._log.flush()
+    def ready(self) -> bool:
+        """Whether the run started last has printed its listening line."""
+        return self._ready.is_set()
+
+    def listening_address(self) -> str:
+        """HOST:PORT from the listening line of the run started last (once `ready()`)."""
+        return self._listening_at
+
+    def respawn(self) -> None:
+        """Starts the service again, on the port it had (clients and the router hold its address); returns
+        at once: `ready()` says when it listens, `alive()` whether it failed."""
+        self.restarts += 1
+        port = self.address.rsplit(":", 1)[1]
+        with self.log_path.open("a") as f:
+            f.write(f"--- restart {self.restarts}: the last run exited with code {self.proc.returncode} ---\n")
+        self._spawn(with_port(self.args, port))
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        with self.log_path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
+            return f.read().decode("utf-8", "replace")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -58,9 +104,106 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if not self._log.closed:
-            self._log.flush()
+        self._ended.wait(5)   # the log has all the run wrote
         return self.proc.returncode
+
+
+def with_port(args: Sequence[str], port: str) -> list[str]:
+    """`args` with `--port PORT` in place of the port they gave (or with it added)."""
+    out = list(args)
+    if "--port" in out[:-1]:
+        out[out.index("--port") + 1] = port
+        return out
+    return [*out, "--port", port]
+
+
+def exit_description(code: int) -> str:
+    """`code 1`, or `-9 (SIGKILL)` for a process ended by a signal."""
+    if code < 0:
+        try:
+            return f"code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"code {code}"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long a failed service waits before its next start: `first_s`, doubling with each failure in a
+    row up to `most_s`; a run that stayed up `reset_after_s` clears the failures before it."""
+
+    first_s: float = 0.5
+    most_s: float = 30.0
+    reset_after_s: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        """The wait before the next start after `failures` failures in a row (1 or more)."""
+        return min(self.most_s, self.first_s * 2 ** min(failures - 1, 64))
+
+
+@dataclass
+class _Watch:
+    failures: int = 0              # failures in a row
+    up_since: float = 0.0          # when the current run started serving
+    due: float | None = None       # when the next start is due, while the service is down
+    starting: float | None = None  # when the current start began, until it serves or fails
+
+
+class Supervisor:
+    """Keeps services up: one that exits is logged (its exit code and the end of its log) and started again
+    on its port after a backoff; `run` does so until its stop event is set.
+
+    `step` is one round of it, at time `now` (time.monotonic); the tests drive it directly."""
+
+    POLL_S = 0.2
+
+    def __init__(self, services: Sequence[ServiceProcess], backoff: Backoff = Backoff(),
+                 on_back: Callable[[ServiceProcess], None] | None = None):
+        self.services = list(services)
+        self.backoff = backoff
+        self.on_back = on_back or (lambda _s: None)
+        now = time.monotonic()
+        self._watch = {s.name: _Watch(up_since=now) for s in self.services}
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.POLL_S):
+            self.step(time.monotonic())
+
+    def due(self, service: ServiceProcess) -> float | None:
+        """When `service` starts again, while it waits to."""
+        return self._watch[service.name].due
+
+    def step(self, now: float) -> None:
+        for service in self.services:
+            watch = self._watch[service.name]
+            if watch.due is not None:
+                if now >= watch.due:
+                    watch.due, watch.starting = None, now
+                    service.respawn()
+            elif watch.starting is not None:
+                if service.ready():
+                    watch.starting, watch.up_since = None, now
+                    service.address = service.listening_address()
+                    log.warning("%s is back at %s (restart %d)", service.name, service.address, service.restarts)
+                    self.on_back(service)
+                elif not service.alive():
+                    self._failed(service, watch, now, "did not start again")
+                elif now - watch.starting > START_TIMEOUT_S:
+                    self._failed(service, watch, now, f"did not listen within {START_TIMEOUT_S:.0f} s")
+            elif not service.alive():
+                if now - watch.up_since >= self.backoff.reset_after_s:
+                    watch.failures = 0
+                self._failed(service, watch, now, "exited")
+
+    def _failed(self, service: ServiceProcess, watch: _Watch, now: float, what: str) -> None:
+        service.stop()   # reaps it and waits for the end of its log
+        watch.starting = None
+        watch.failures += 1
+        delay = self.backoff.delay(watch.failures)
+        watch.due = now + delay
+        log.warning("%s %s with %s; starting it again on %s in %.1f s (failure %d in a row). The end of %s:\n%s",
+                    service.name, what, exit_description(service.proc.returncode), service.address, delay,
+                    watch.failures, service.log_path, service.log_tail().rstrip())
 
 
 DRAFTER_CPU_THREADS = 1  # PyTorch threads of a worker other than the target's when the pool runs on the CPU
