@@ -401,6 +401,21 @@ def bench(
     log_line(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and {chart}")
 
 
+@app.command()
+def healthcheck(
+    address: str = typer.Argument(..., help="Server address HOST:PORT."),
+    service: str = typer.Option("", help="Service name to ask about ('': the server as a whole)."),
+    timeout: float = typer.Option(5.0, help="Seconds to wait for the answer."),
+) -> None:
+    """Exit 0 if the server at ADDRESS is SERVING on the standard gRPC health protocol, else 1 with why."""
+    from specrouter.healthcheck import check
+
+    result = check(address, service, timeout)
+    typer.echo(result.reason, err=not result.serving)
+    if not result.serving:
+        raise typer.Exit(1)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(ctx: typer.Context, service: str = typer.Argument(..., help="router, worker or profiler")) -> None:
     """Run one service in the foreground (for containers); its own options follow."""
