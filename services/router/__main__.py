@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from pydantic import ValidationError
+
 from specrouter import lifecycle
 from specrouter.router.settings import RouterSettings
 
@@ -19,7 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     lifecycle.configure_logging()
     from specrouter.router import server as srv
 
-    settings = parse_settings(argv)
+    try:
+        settings = parse_settings(argv)
+    except ValidationError as exc:   # a limit that contradicts another, a value out of range
+        print(f"router: invalid settings: {exc}", file=sys.stderr)
+        return 2
 
     def open_router() -> lifecycle.Running:
         router = srv.Router(settings, srv.connect_workers(settings))

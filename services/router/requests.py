@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specrouter.router.settings import setting_hint
 from specrouter.worker.calls import SamplingParams
 
 AUTO = "auto"
@@ -27,6 +28,33 @@ class GenerationRequest:
     window: int = 0                       # 0: the router's choice
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The most one request may ask for: the router's settings of the same names (0: no bound of its own)."""
+
+    max_prompt_bytes: int = 0
+    max_prompt_tokens: int = 0
+    max_new_tokens: int = 0
+
+    def check_prompt_bytes(self, size: int) -> None:
+        if self.max_prompt_bytes and size > self.max_prompt_bytes:
+            raise over_limit(f"prompt is {size} bytes of UTF-8", "max_prompt_bytes", self.max_prompt_bytes,
+                             "shorten the prompt")
+
+    def check(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        if self.max_prompt_tokens and prompt_tokens > self.max_prompt_tokens:
+            raise over_limit(f"prompt has {prompt_tokens} tokens", "max_prompt_tokens", self.max_prompt_tokens,
+                             "shorten the prompt")
+        if self.max_new_tokens and max_new_tokens > self.max_new_tokens:
+            raise over_limit(f"max_new_tokens is {max_new_tokens}", "max_new_tokens", self.max_new_tokens,
+                             "ask for fewer")
+
+
+def over_limit(what: str, setting: str, most: int, fix: str) -> InvalidRequest:
+    return InvalidRequest(f"{what}, over this router's limit of {most} ({setting}): {fix}, or have the operator "
+                          f"raise it with {setting_hint(setting)}")
+
+
 def parse_chain(spec: str, names: Sequence[str], target: str) -> tuple[str, ...] | None:
     """`""`/`auto` -> None (router's choice); `target` -> (target,); `a,b,target` -> that chain."""
     spec = spec.strip()
@@ -46,9 +74,10 @@ def parse_chain(spec: str, names: Sequence[str], target: str) -> tuple[str, ...]
 
 
 def validate(prompt_ids: Sequence[int], sampling: SamplingParams, max_new_tokens: int, window: int,
-             stop: Sequence[str], context_length: int) -> None:
+             stop: Sequence[str], context_length: int, limits: Limits = Limits()) -> None:
     if not prompt_ids:
         raise InvalidRequest("prompt is empty: give at least one character of text")
+    limits.check(len(prompt_ids), max_new_tokens)
     room = context_length - 1 - len(prompt_ids)
     if room < 1:
         raise InvalidRequest(f"prompt has {len(prompt_ids)} tokens; the pool's context is {context_length} tokens, "

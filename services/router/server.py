@@ -13,6 +13,7 @@ from grpc_health.v1 import health
 from opentelemetry import trace
 
 from specrouter import serving
+from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
 from specrouter.router.chain import ChainBatch, CycleReport, Row, WorkerCallFailed
@@ -22,7 +23,7 @@ from specrouter.router.remote import RemoteWorker
 from specrouter.pool.similarity import load_similarity
 from specrouter.profiler.metrics import Mode
 from specrouter.router.scheduling.scheduler import Scheduler
-from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain, validate
+from specrouter.router.requests import GenerationRequest, InvalidRequest, Limits, parse_chain, validate
 from specrouter.router.settings import RouterSettings
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
 SEED_BITS = 62
 MAX_SCHEDULE_ROWS = 4096
+GRPC_MESSAGE_BYTES = 4 << 20     # gRPC's default bound on a received message
+REQUEST_OVERHEAD_BYTES = 64 << 10   # a request's fields other than the prompt (stop strings, chain, ...)
 
 
 class PoolMismatch(RuntimeError):
@@ -44,6 +47,8 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, CancelledError):
         return grpc.StatusCode.CANCELLED, str(exc)
+    if isinstance(exc, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, ModelUnavailable):
         return grpc.StatusCode.UNAVAILABLE, str(exc)
     model = None
@@ -80,6 +85,8 @@ class Router:
         if self.target not in workers:
             raise PoolMismatch(f"target {self.target!r} is not served by any worker ({self.by_size})")
         self.context_length = min(w.info.context_length for w in workers.values())
+        self.limits = Limits(settings.max_prompt_bytes, settings.max_prompt_tokens, settings.max_new_tokens)
+        self.admission = Admission(settings.max_in_flight, settings.max_queued)
         default = parse_chain(settings.default_chain, self.by_size, self.target) if settings.default_chain else None
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
         self.reporter = Reporter(settings.profiler or None)
@@ -137,9 +144,10 @@ class Router:
                                   top_p=m.top_p if m.HasField("top_p") else 1.0,
                                   repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty") else 1.0,
                                   seed=seed)
+        self.limits.check_prompt_bytes(len(m.prompt.encode("utf-8")))
         prompt_ids = self.tokenizer(m.prompt, add_special_tokens=False)["input_ids"] if m.prompt else []
         max_new = m.max_new_tokens if m.HasField("max_new_tokens") else self.settings.default_max_new_tokens
-        validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length)
+        validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length, self.limits)
         chain = parse_chain(m.chain, self.by_size, self.target)
         return GenerationRequest(prompt_ids, sampling, max_new, tuple(m.stop), chain, m.window)
 
@@ -195,19 +203,26 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     def __init__(self, router: Router):
         self.router = router
 
-    def _submit(self, request, context) -> RequestHandle:
+    def _submit(self, request, context) -> tuple[RequestHandle, Place]:
+        """The request validated, admitted (after a wait in line, if the router is full) and handed to the
+        batcher; the place it holds is given up when the call ends, however it ends."""
         if isinstance(request, Undecodable):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"request could not be decoded ({request.error}); send the prompt as valid UTF-8")
         try:
             generation = self.router.request_from_pb(request)
-        except InvalidRequest as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            place = self.router.admission.enter(context.is_active)
+        except (InvalidRequest, Overloaded) as exc:
+            context.abort(*status_for(exc))
+        if place is None or not context.add_callback(place.release):
+            if place is not None:
+                place.release()
+            context.abort(grpc.StatusCode.CANCELLED, "the call ended while the request waited for a place")
         span = trace.get_current_span()
         span.set_attribute("specrouter.prompt_tokens", len(generation.prompt_ids))
         handle = self.router.batcher.submit(generation, span.get_span_context())
         context.add_callback(handle.cancel)  # client cancellation and deadlines release the request
-        return handle
+        return handle, place
 
     def _events(self, handle: RequestHandle, context) -> Iterator[Emitted | Finished]:
         while True:
@@ -226,29 +241,35 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 return
 
     def Generate(self, request, context):
-        handle = self._submit(request, context)
-        for event in self._events(handle, context):
-            if isinstance(event, Finished):
-                return pb.GenerateResponse(text=self.router.tokenizer.decode(event.token_ids),
-                                           token_ids=event.token_ids, finish_reason=event.finish_reason,
-                                           stats=_stats_pb(event.stats))
-        return pb.GenerateResponse()
+        handle, place = self._submit(request, context)
+        try:
+            for event in self._events(handle, context):
+                if isinstance(event, Finished):
+                    return pb.GenerateResponse(text=self.router.tokenizer.decode(event.token_ids),
+                                               token_ids=event.token_ids, finish_reason=event.finish_reason,
+                                               stats=_stats_pb(event.stats))
+            return pb.GenerateResponse()
+        finally:
+            place.release()
 
     def GenerateStream(self, request, context):
-        handle = self._submit(request, context)
+        handle, place = self._submit(request, context)
         tokens: list[int] = []
         sent = 0
-        for event in self._events(handle, context):
-            if isinstance(event, Emitted):
-                tokens += event.token_ids
-                text = self.router.tokenizer.decode(tokens)
-                ready = len(text) if not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
-                yield pb.GenerateChunk(text=text[sent:ready], token_ids=event.token_ids)
-                sent = max(sent, ready)
-            else:
-                text = self.router.tokenizer.decode(event.token_ids)
-                yield pb.GenerateChunk(text=text[sent:], finish_reason=event.finish_reason,
-                                       stats=_stats_pb(event.stats))
+        try:
+            for event in self._events(handle, context):
+                if isinstance(event, Emitted):
+                    tokens += event.token_ids
+                    text = self.router.tokenizer.decode(tokens)
+                    ready = len(text) if not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
+                    yield pb.GenerateChunk(text=text[sent:ready], token_ids=event.token_ids)
+                    sent = max(sent, ready)
+                else:
+                    text = self.router.tokenizer.decode(event.token_ids)
+                    yield pb.GenerateChunk(text=text[sent:], finish_reason=event.finish_reason,
+                                           stats=_stats_pb(event.stats))
+        finally:
+            place.release()
 
     def ListModels(self, request, context):
         r = self.router
@@ -286,7 +307,12 @@ def _lenient(message_type):
 
 
 def create_server(settings: RouterSettings, router: Router) -> tuple[grpc.Server, int, health.HealthServicer]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.threads))
+    threads = settings.server_threads()
+    # every request generating or waiting holds a thread; calls beyond twice the threads are refused by
+    # gRPC itself (RESOURCE_EXHAUSTED) rather than queued without bound in front of the threads
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=2 * threads,
+                         options=[("grpc.max_receive_message_length",
+                                   max(GRPC_MESSAGE_BYTES, settings.max_prompt_bytes + REQUEST_OVERHEAD_BYTES))])
     servicer = RouterServicer(router)
     ser = lambda m: m.SerializeToString()  # noqa: E731
     handlers = {

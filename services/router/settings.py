@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specrouter.router.scheduling.settings import SchedulerSettings
 
+ENV_PREFIX = "SPECROUTER_ROUTER_"
+SPARE_THREADS = 16   # server threads beyond the requests in flight and waiting: models, schedules, health, refusals
+
+
+def setting_hint(name: str) -> str:
+    """How an operator changes the setting `name`: its flag or its environment variable."""
+    return f"--{name.replace('_', '-')} or {ENV_PREFIX}{name.upper()}"
+
 
 class RouterSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SPECROUTER_ROUTER_", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__")
 
     workers: list[str]                  # worker addresses, HOST:PORT, one per pool model
     tokenizer_dir: Path                 # the target's tokenizer (a checkpoint directory)
@@ -24,9 +32,32 @@ class RouterSettings(BaseSettings):
     adaptive: bool = True               # "auto" requests are scheduled; false: the default chain and window
     # the scheduler's knobs: --scheduler '{"hysteresis": 0.05}' or SPECROUTER_ROUTER_SCHEDULER__HYSTERESIS=0.05
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
-    default_max_new_tokens: int = 64
+    default_max_new_tokens: int = Field(64, ge=1)
+    # admission: a request over one of the first three is refused (INVALID_ARGUMENT); one that finds
+    # max_in_flight requests generating waits in a line of max_queued, and beyond it is refused
+    # (RESOURCE_EXHAUSTED). Unary calls and streams count alike.
+    max_prompt_bytes: int = Field(1 << 20, ge=1)   # UTF-8 bytes of a prompt
+    max_prompt_tokens: int = Field(0, ge=0)        # tokens of a prompt; 0: what the pool's context holds
+    max_new_tokens: int = Field(0, ge=0)           # the most a request may ask for; 0: what the context leaves it
+    max_in_flight: int = Field(64, ge=1)           # requests generating at once
+    max_queued: int = Field(128, ge=0)             # requests waiting for one of those places
     host: str = "127.0.0.1"
     port: int = 0                       # 0 picks a free port
     worker_timeout_s: float = 60.0      # per worker RPC; also how long start-up waits for workers
-    threads: int = 64                   # concurrent client calls
+    threads: int = Field(0, ge=0)       # server threads; 0: max_in_flight + max_queued + SPARE_THREADS
     grace_s: float = 10.0
+
+    @model_validator(mode="after")
+    def _limits_agree(self) -> RouterSettings:
+        if self.max_new_tokens and self.default_max_new_tokens > self.max_new_tokens:
+            raise ValueError(f"default_max_new_tokens ({self.default_max_new_tokens}) is over max_new_tokens "
+                             f"({self.max_new_tokens}): requests that name none would be refused; lower the one "
+                             "or raise the other")
+        held = self.max_in_flight + self.max_queued
+        if self.threads and self.threads <= held:
+            raise ValueError(f"threads ({self.threads}) must exceed max_in_flight + max_queued ({held}): each "
+                             "request generating or waiting holds a thread; raise threads, or set 0 to size it")
+        return self
+
+    def server_threads(self) -> int:
+        return self.threads or self.max_in_flight + self.max_queued + SPARE_THREADS
