@@ -402,6 +402,52 @@ def bench(
 
 
 @app.command()
+def soak(
+    clients: int = typer.Option(16, help="Concurrent clients."),
+    duration: str = typer.Option("10m", help="How long the load is measured: 90s, 10m, 1h (a plain number is seconds)."),
+    warmup: str = typer.Option("30s", help="Load before the measurement, not counted; RSS at start is read after it."),
+    grace: str = typer.Option("30s", help="How long requests in flight at the deadline may take before they are cancelled."),
+    cancel_fraction: float = typer.Option(0.25, help="Fraction of the clients that cancel their streams after a few "
+                                                     "tokens or close their channel mid-stream."),
+    max_new_tokens: int = typer.Option(48, help="Most tokens a request asks for (each asks for 8 up to this)."),
+    max_rss_growth: float = typer.Option(10.0, help="Fail when a process's RSS grows by more than this many percent."),
+    seed: int = typer.Option(0, help="Seeds the clients' choices of prompt, kind and sampling seed."),
+    router: str = typer.Option(None, help="Use this router (HOST:PORT) instead of starting a local cluster (RSS: n/a)."),
+    pool: Path = typer.Option(None, help="Pool of the local cluster (default: the shipped demo pool)."),
+    redis_url: str = typer.Option(None, help="Redis for the local cluster's profiler (default: in memory)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Load a router with concurrent clients for a bounded time; exit 1 on errors, live states or RSS growth."""
+    import json
+
+    from specrouter.client import SpecRouterError
+    from specrouter.pool.manifest import PoolError
+    from specrouter.report.scheduler_report import log_line
+    from specrouter.report.soak import SoakSettings, format_soak, run_soak, soak_failures
+
+    _logging(verbose)
+    try:
+        settings = SoakSettings.parse(clients=clients, duration=duration, warmup=warmup, grace=grace,
+                                      cancel_fraction=cancel_fraction, max_new_tokens=max_new_tokens,
+                                      max_rss_growth=max_rss_growth, seed=seed)
+    except ValueError as exc:
+        _fail("INVALID_ARGUMENT", str(exc))
+    try:
+        report = run_soak(settings, router=router, pool_dir=pool or default_pool(), redis_url=redis_url, say=log_line)
+    except SpecRouterError as exc:   # a router (given with --router) that cannot be reached
+        _fail(exc.code.name, exc.message)
+    except (PoolError, RuntimeError) as exc:   # a pool that does not open; a cluster that did not start
+        _fail("FAILED_PRECONDITION", str(exc))
+    typer.echo(json.dumps(report) if as_json else format_soak(report))
+    failures = soak_failures(report)
+    for line in failures:
+        typer.echo(f"FAIL: {line}", err=True)
+    if failures:
+        raise typer.Exit(1)
+
+
+@app.command()
 def healthcheck(
     address: str = typer.Argument(..., help="Server address HOST:PORT."),
     service: str = typer.Option("", help="Service name to ask about ('': the server as a whole)."),
