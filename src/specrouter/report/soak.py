@@ -1,0 +1,609 @@
+"""`specrouter soak`: concurrent clients load a router for a bounded time; then the figures that say whether
+it held: requests, errors by status, latency, throughput, the workers' live states and each process's RSS.
+
+Every client loops until the deadline, each request on a prompt of the held-out workloads asking for
+MIN_NEW_TOKENS to `max_new_tokens` tokens: unary or streaming, greedy or sampled (SAMPLED_TEMPERATURE,
+SAMPLED_TOP_P, a seed per request), chosen at random. A fraction of the clients (`cancel_fraction`) make
+every other request a stream that they end after a few tokens, in turn by cancelling the call and by
+closing their channel (a client that goes away); those endings are counted apart from errors. Greedy
+outputs of one prompt must agree (the shorter a prefix of the longer) whatever ran beside them.
+
+The load runs `warmup_s` before the measurement (not counted; the RSS at start is read at its end) and
+`duration_s` measured. At the deadline the clients start nothing new; requests in flight get `grace_s`
+to finish, then they are cancelled ("cut": not an error, but it fails the soak, as a healthy router
+finishes them in time). A chunk of a stream may carry several tokens (all that a
+cycle emitted): time to first token runs from the call to the first chunk with tokens, and time
+between tokens shares each later chunk's gap among its tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+
+from specrouter.report.workloads import Prompt
+from specrouter.v1 import router_pb2 as pb
+from specrouter.v1 import router_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+UNARY_GREEDY, UNARY_SAMPLED = "unary greedy", "unary sampled"
+STREAM_GREEDY, STREAM_SAMPLED = "stream greedy", "stream sampled"
+STREAM_CANCELLED, STREAM_DROPPED = "stream cancelled", "stream dropped"
+MIXED_KINDS = (UNARY_GREEDY, UNARY_SAMPLED, STREAM_GREEDY, STREAM_SAMPLED)
+KINDS = (*MIXED_KINDS, STREAM_CANCELLED, STREAM_DROPPED)
+
+# How a request ended: its own end, or one the client chose; anything else is an error (its gRPC status).
+FINISHED, CANCELLED, DISCONNECTED, CUT = "finished", "cancelled", "disconnected", "cut"
+OWN_ENDINGS = (CANCELLED, DISCONNECTED, CUT)
+
+MIN_NEW_TOKENS = 8
+SAMPLED_TEMPERATURE, SAMPLED_TOP_P = 0.8, 0.95
+END_AFTER_TOKENS = (1, 6)     # a cancelling client ends its stream once it holds this many tokens (range)
+PROMPTS_PER_KIND = 16         # held-out prompts of each workload kind the clients draw from
+CALL_TIMEOUT_S = 300.0        # a call's deadline: a router that hangs shows as DEADLINE_EXCEEDED
+RELEASE_WAIT_S = 15.0         # how long the workers get to drop their states after the load
+PROGRESS_EVERY_S = 10.0
+CUT_JOIN_S = 30.0             # how long cut clients get to notice before the soak gives up on them
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by linear interpolation between the closest ranks (numpy's default);
+    None for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def latency_ms(seconds: Sequence[float]) -> dict:
+    """p50, p99 and the count of `seconds`, the percentiles in milliseconds."""
+    p50, p99 = percentile(seconds, 50), percentile(seconds, 99)
+    return {"p50": None if p50 is None else p50 * 1e3, "p99": None if p99 is None else p99 * 1e3,
+            "count": len(seconds)}
+
+
+@dataclass
+class Outcome:
+    """One request as its client saw it; times in time.monotonic seconds."""
+
+    kind: str
+    started: float
+    ended: float
+    tokens: int = 0
+    ending: str = FINISHED           # FINISHED, one of OWN_ENDINGS, or "" for an error
+    error: str = ""                  # the gRPC status name of an error
+    message: str = ""                # the server's message with it
+    first_token_s: float | None = None
+    gaps: list[tuple[float, int]] = field(default_factory=list)   # (seconds since the last chunk, its tokens)
+
+
+class Tally:
+    """Outcomes summed: requests by kind, endings, errors by status, tokens, latencies."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self.endings: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.first_error: dict[str, str] = {}
+        self.tokens = 0
+        self.first_token_s: list[float] = []
+        self.between_tokens_s: list[float] = []
+        self.last_end: float | None = None
+
+    def observe(self, o: Outcome) -> None:
+        self.requests[o.kind] += 1
+        if o.error:
+            self.errors[o.error] += 1
+            self.first_error.setdefault(o.error, o.message)
+        else:
+            self.endings[o.ending] += 1
+        self.tokens += o.tokens
+        if o.first_token_s is not None:
+            self.first_token_s.append(o.first_token_s)
+        for gap, tokens in o.gaps:
+            self.between_tokens_s.extend([gap / tokens] * tokens)
+        self.last_end = o.ended if self.last_end is None else max(self.last_end, o.ended)
+
+    def summary(self, seconds: float) -> dict:
+        """The figures over a measurement of `seconds`."""
+        return {
+            "requests": sum(self.requests.values()),
+            "by_kind": {k: self.requests[k] for k in KINDS if self.requests[k]},
+            "endings": {e: self.endings[e] for e in (FINISHED, *OWN_ENDINGS)},
+            "errors": sum(self.errors.values()),
+            "errors_by_status": dict(sorted(self.errors.items())),
+            "first_error": dict(sorted(self.first_error.items())),
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0,
+            "first_token_ms": latency_ms(self.first_token_s),
+            "between_tokens_ms": latency_ms(self.between_tokens_s),
+        }
+
+
+class GreedyOutputs:
+    """Greedy outputs by prompt: each must agree with every other of its prompt (the shorter a prefix of
+    the longer), as greedy decoding gives the target's tokens whatever the batch beside it."""
+
+    def __init__(self) -> None:
+        self.longest: dict[str, list[int]] = {}
+        self.checked = 0
+        self.differ: list[str] = []
+
+    def check(self, prompt: str, tokens: Sequence[int]) -> bool:
+        known = self.longest.get(prompt)
+        self.checked += 1
+        if known is None or len(tokens) > len(known):
+            self.longest[prompt] = list(tokens)
+        n = min(len(tokens), len(known or ()))
+        if known is not None and list(tokens[:n]) != known[:n]:
+            at = next(i for i in range(n) if tokens[i] != known[i])
+            self.differ.append(f"prompt {prompt[:40]!r}: token {at} is {tokens[at]} here, {known[at]} before")
+            return False
+        return True
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `90s`, `10m`, `1h`, `1m30s` or a plain number of seconds."""
+    spoken = text.strip().lower()
+    try:
+        return float(spoken)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(spoken)
+    if not parts or "".join(n + u for n, u in parts) != spoken:
+        raise ValueError(f"{text!r} is not a duration; write it like 90s, 10m, 1h or 1m30s")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def spoken_duration(seconds: float) -> str:
+    """`10m`, `1m30s`, `45s`, `2.5s`."""
+    if seconds < 60:
+        return f"{seconds:g}s"
+    m, s = divmod(round(seconds), 60)
+    return f"{m}m{s}s" if s else f"{m}m"
+
+
+@dataclass(frozen=True)
+class SoakSettings:
+    clients: int = 16
+    duration_s: float = 600.0
+    warmup_s: float = 30.0
+    grace_s: float = 30.0
+    cancel_fraction: float = 0.25
+    max_new_tokens: int = 48
+    max_rss_growth: float = 10.0   # percent
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, duration: str, warmup: str, grace: str, **values) -> SoakSettings:
+        """Settings from the command line's values (durations as text); ValueError says what is wrong."""
+        settings = cls(duration_s=parse_duration(duration), warmup_s=parse_duration(warmup),
+                       grace_s=parse_duration(grace), **values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        wrong = []
+        if self.clients < 1:
+            wrong.append(f"--clients must be at least 1, got {self.clients}")
+        if self.duration_s <= 0:
+            wrong.append(f"--duration must be more than 0, got {self.duration_s:g} s")
+        if self.warmup_s < 0 or self.grace_s < 0:
+            wrong.append("--warmup and --grace cannot be negative")
+        if not 0 <= self.cancel_fraction <= 1:
+            wrong.append(f"--cancel-fraction must be in [0, 1], got {self.cancel_fraction}")
+        if self.max_new_tokens < MIN_NEW_TOKENS:
+            wrong.append(f"--max-new-tokens must be at least {MIN_NEW_TOKENS}, got {self.max_new_tokens}")
+        if self.max_rss_growth < 0:
+            wrong.append(f"--max-rss-growth cannot be negative, got {self.max_rss_growth}")
+        if wrong:
+            raise ValueError("; ".join(wrong))
+
+    def cancelling_clients(self) -> int:
+        """How many clients end streams early: the fraction rounded, one at least unless it is 0."""
+        if self.cancel_fraction == 0:
+            return 0
+        return min(self.clients, max(1, round(self.clients * self.cancel_fraction)))
+
+
+def next_kind(rng: random.Random, cancelling: bool, count: int) -> str:
+    """The kind of a client's request number `count`: a cancelling client ends every other request early,
+    by cancelling and by closing its channel in turn; the rest are drawn from MIXED_KINDS."""
+    if cancelling and count % 2 == 1:
+        return STREAM_CANCELLED if count % 4 == 1 else STREAM_DROPPED
+    return rng.choice(MIXED_KINDS)
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of process `pid` in KiB (from /proc), or None when it is not there."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def rss_rows(start: dict[str, int | None], end: dict[str, int | None]) -> dict[str, dict]:
+    """Per process: RSS at start and end in MiB and the growth in percent (None where not read)."""
+    rows = {}
+    for name in start:
+        a, b = start[name], end.get(name)
+        growth = (b - a) / a * 100 if a and b is not None else None
+        rows[name] = {"start_mib": None if a is None else a / 1024, "end_mib": None if b is None else b / 1024,
+                      "growth_pct": growth}
+    return rows
+
+
+def live_states(workers: dict[str, str]) -> dict[str, int | None]:
+    """Each worker's live states (its Info RPC), None for one that does not answer."""
+    out: dict[str, int | None] = {}
+    for name, address in workers.items():
+        with grpc.insecure_channel(address) as channel:
+            try:
+                out[name] = worker_pb2_grpc.WorkerServiceStub(channel).Info(worker_pb2.InfoRequest(),
+                                                                            timeout=10).live_states
+            except grpc.RpcError:
+                out[name] = None
+    return out
+
+
+def wait_released(workers: dict[str, str], wait_s: float = RELEASE_WAIT_S) -> tuple[dict[str, int | None], float]:
+    """Live states once every worker holds none, or as they are after `wait_s`; and the seconds waited."""
+    started = time.monotonic()
+    while True:
+        states = live_states(workers)
+        waited = time.monotonic() - started
+        if all(s == 0 for s in states.values()) or waited >= wait_s:
+            return states, waited
+        time.sleep(0.2)
+
+
+# -- the load -------------------------------------------------------------------------------------
+
+
+def _channel(address: str) -> grpc.Channel:
+    from specrouter.client import CHANNEL_OPTIONS
+
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+class Load:
+    """The clients and what they share: the timeline, the tallies, the calls in flight (to cut at the end)."""
+
+    def __init__(self, address: str, settings: SoakSettings, prompts: Sequence[Prompt], start: float):
+        self.address, self.settings, self.prompts = address, settings, list(prompts)
+        self.measure_at = start + settings.warmup_s
+        self.stop_at = self.measure_at + settings.duration_s
+        self.lock = threading.Lock()
+        self.warmup, self.measured = Tally(), Tally()
+        self.greedy = GreedyOutputs()
+        self.in_flight: dict[int, object] = {}
+        self.crashed: list[str] = []   # clients that stopped on an exception of their own
+        self.cutting = False
+        cancelling = settings.cancelling_clients()
+        # the cancelling clients spread among the others
+        self.cancelling = {round(k * settings.clients / cancelling) for k in range(cancelling)} if cancelling else set()
+        self.threads = [threading.Thread(target=self._client, args=(i,), name=f"soak-client-{i}", daemon=True)
+                        for i in range(settings.clients)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def running(self) -> int:
+        return sum(t.is_alive() for t in self.threads)
+
+    def join(self, until: float) -> None:
+        for t in self.threads:
+            t.join(max(0.0, until - time.monotonic()))
+
+    def cut(self) -> int:
+        """Cancels every call still in flight; how many."""
+        with self.lock:
+            self.cutting = True
+            calls = list(self.in_flight.values())
+        for call in calls:
+            call.cancel()
+        return len(calls)
+
+    def _client(self, index: int) -> None:
+        rng = random.Random(self.settings.seed * 1_000_003 + index)
+        cancelling = index in self.cancelling
+        channel = _channel(self.address)
+        count = 0
+        try:
+            while time.monotonic() < self.stop_at:
+                kind = next_kind(rng, cancelling, count)
+                count += 1
+                prompt = rng.choice(self.prompts).prompt
+                request = self._request(rng, kind, prompt)
+                stub = router_pb2_grpc.RouterServiceStub(channel)
+                if kind in (UNARY_GREEDY, UNARY_SAMPLED):
+                    outcome, tokens = self._unary(index, stub, kind, request)
+                else:
+                    end_after = rng.randint(*END_AFTER_TOKENS) if kind in (STREAM_CANCELLED, STREAM_DROPPED) else 0
+                    outcome, tokens = self._stream(index, stub, channel, kind, request, end_after)
+                self._record(outcome, prompt if request.temperature == 0 else None, tokens)
+                if outcome.ending == DISCONNECTED:
+                    channel = _channel(self.address)
+        except Exception as exc:   # a fault of the client itself: reported, never a silent stop
+            with self.lock:
+                self.crashed.append(f"client {index}: {type(exc).__name__}: {exc}")
+        finally:
+            channel.close()
+
+    def _request(self, rng: random.Random, kind: str, prompt: str) -> pb.GenerateRequest:
+        request = pb.GenerateRequest(prompt=prompt, max_new_tokens=rng.randint(MIN_NEW_TOKENS, self.settings.max_new_tokens))
+        sampled = kind in (UNARY_SAMPLED, STREAM_SAMPLED) or (kind in (STREAM_CANCELLED, STREAM_DROPPED)
+                                                               and rng.random() < 0.5)
+        if sampled:
+            request.temperature, request.top_p, request.seed = SAMPLED_TEMPERATURE, SAMPLED_TOP_P, rng.getrandbits(63)
+        return request
+
+    def _enter(self, index: int, call) -> None:
+        with self.lock:
+            self.in_flight[index] = call
+            cutting = self.cutting
+        if cutting:
+            call.cancel()
+
+    def _leave(self, index: int) -> None:
+        with self.lock:
+            self.in_flight.pop(index, None)
+
+    def _failed(self, outcome: Outcome, exc: grpc.RpcError) -> Outcome:
+        if self.cutting and exc.code() == grpc.StatusCode.CANCELLED:
+            outcome.ending = CUT
+        else:
+            outcome.ending, outcome.error, outcome.message = "", exc.code().name, exc.details() or ""
+        outcome.ended = time.monotonic()
+        return outcome
+
+    def _unary(self, index: int, stub, kind: str, request) -> tuple[Outcome, list[int]]:
+        outcome = Outcome(kind, time.monotonic(), 0.0)
+        future = stub.Generate.future(request, timeout=CALL_TIMEOUT_S)
+        self._enter(index, future)
+        try:
+            reply = future.result()
+        except grpc.FutureCancelledError:
+            outcome.ending, outcome.ended = CUT, time.monotonic()
+            return outcome, []
+        except grpc.RpcError as exc:
+            return self._failed(outcome, exc), []
+        finally:
+            self._leave(index)
+        outcome.ended, outcome.tokens = time.monotonic(), len(reply.token_ids)
+        return outcome, list(reply.token_ids)
+
+    def _stream(self, index: int, stub, channel, kind: str, request, end_after: int) -> tuple[Outcome, list[int]]:
+        outcome = Outcome(kind, time.monotonic(), 0.0)
+        tokens: list[int] = []
+        last = outcome.started
+        call = stub.GenerateStream(request, timeout=CALL_TIMEOUT_S)
+        self._enter(index, call)
+        try:
+            for chunk in call:
+                if chunk.token_ids:
+                    now = time.monotonic()
+                    if outcome.first_token_s is None:
+                        outcome.first_token_s = now - outcome.started
+                    else:
+                        outcome.gaps.append((now - last, len(chunk.token_ids)))
+                    last = now
+                    tokens += chunk.token_ids
+                if end_after and len(tokens) >= end_after:
+                    if kind == STREAM_CANCELLED:
+                        call.cancel()
+                        outcome.ending = CANCELLED
+                    else:
+                        channel.close()
+                        outcome.ending = DISCONNECTED
+                    break
+        except grpc.RpcError as exc:
+            self._failed(outcome, exc)
+        finally:
+            self._leave(index)
+        if not outcome.ended:
+            outcome.ended = time.monotonic()
+        outcome.tokens = len(tokens)
+        return outcome, tokens
+
+    def _record(self, outcome: Outcome, greedy_prompt: str | None, tokens: list[int]) -> None:
+        with self.lock:
+            (self.measured if outcome.started >= self.measure_at else self.warmup).observe(outcome)
+            if greedy_prompt is not None and not outcome.error:
+                self.greedy.check(greedy_prompt, tokens)
+
+
+# -- the soak -------------------------------------------------------------------------------------
+
+
+def run_soak(settings: SoakSettings, router: str | None = None, pool_dir: Path | None = None,
+             redis_url: str | None = None, say: Callable[[str], None] = lambda _line: None,
+             prompts: Sequence[Prompt] | None = None, release_wait_s: float = RELEASE_WAIT_S) -> dict:
+    """Starts a local cluster of `pool_dir` unless `router` is given, runs the load on `prompts` (default:
+    the held-out workloads), and returns the figures (JSON-ready); stops the cluster."""
+    import tempfile
+
+    from specrouter.client import Client
+    from specrouter.launcher import LocalCluster
+    from specrouter.report.workloads import builtin_prompts
+
+    settings.validate()
+    prompts = list(prompts or builtin_prompts(PROMPTS_PER_KIND))
+    cluster = None
+    try:
+        if router is None:
+            say("starting a local cluster of the pool ...")
+            cluster = LocalCluster(pool_dir, Path(tempfile.mkdtemp(prefix="specrouter-soak-")), port=0,
+                                   redis_url=redis_url, on_start=lambda s: say(f"{s.name} up at {s.address}"))
+            router = cluster.router.address
+        with Client(router, timeout_s=30) as client:
+            workers = {m.name: m.address for m in client.models()}
+        pids = {s.name: s.proc.pid for s in cluster.services} if cluster else {}
+        return _soak(settings, router, prompts, workers, pids, cluster, say, release_wait_s)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def _soak(settings: SoakSettings, router: str, prompts: Sequence[Prompt], workers: dict[str, str],
+          pids: dict[str, int], cluster, say: Callable[[str], None], release_wait_s: float) -> dict:
+    load = Load(router, settings, prompts, time.monotonic())
+    say(f"soak: {settings.clients} clients ({len(load.cancelling)} ending streams early) against {router}: "
+        f"{spoken_duration(settings.warmup_s)} of warm-up, then {spoken_duration(settings.duration_s)} measured")
+    load.start()
+    _progress_until(load, load.measure_at, say)
+    rss_start = {name: rss_kib(pid) for name, pid in pids.items()}
+    _progress_until(load, load.stop_at, say)
+    say(f"soak: deadline; {load.running()} clients finish what they have in flight "
+        f"(up to {spoken_duration(settings.grace_s)})")
+    load.join(load.stop_at + settings.grace_s)
+    cut = load.cut() if load.running() else 0
+    if cut:
+        say(f"soak: cut {cut} requests still in flight after the grace")
+    load.join(time.monotonic() + CUT_JOIN_S)
+    stuck = load.running()
+    states, waited = wait_released(workers, release_wait_s)
+    rss_end = {name: rss_kib(pid) for name, pid in pids.items()}
+    exited = {s.name: s.proc.returncode for s in cluster.services if not s.alive()} if cluster else {}
+    with load.lock:
+        tally = load.measured
+        seconds = max(load.stop_at, tally.last_end or 0.0) - load.measure_at
+        report = {
+            "router": router, "local_cluster": cluster is not None,
+            "settings": asdict(settings), "cancelling_clients": len(load.cancelling),
+            "seconds": seconds, "warmup_requests": sum(load.warmup.requests.values()),
+            **tally.summary(seconds),
+            "greedy_checked": load.greedy.checked, "greedy_differ": list(load.greedy.differ),
+            "live_states": states, "release_wait_s": waited,
+            "rss": rss_rows(rss_start, rss_end) if pids else None,
+            "exited": exited, "clients_stuck": stuck, "clients_crashed": list(load.crashed),
+        }
+    return report
+
+
+def _progress_until(load: Load, until: float, say: Callable[[str], None]) -> None:
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(PROGRESS_EVERY_S, left))
+        say(progress_line(load, time.monotonic()))
+
+
+def progress_line(load: Load, now: float) -> str:
+    s = load.settings
+    if now < load.measure_at:
+        return f"soak: warm-up {spoken_duration(round(now - load.measure_at + s.warmup_s))}/{spoken_duration(s.warmup_s)}"
+    with load.lock:
+        t = load.measured
+        requests, errors, tokens = sum(t.requests.values()), sum(t.errors.values()), t.tokens
+        own = sum(t.endings[e] for e in OWN_ENDINGS)
+    elapsed = min(now, load.stop_at) - load.measure_at
+    return (f"soak {spoken_duration(round(elapsed))}/{spoken_duration(s.duration_s)}: {requests} requests, "
+            f"{errors} errors, {own} ended by the clients, {tokens / max(elapsed, 1e-9):.0f} tokens/s")
+
+
+# -- the verdict and the printout -----------------------------------------------------------------
+
+
+def soak_failures(report: dict) -> list[str]:
+    """What makes the soak fail, one line each; empty when it held."""
+    out = []
+    if report["errors"]:
+        first = "; ".join(f"{code}: {message}" for code, message in report["first_error"].items())
+        counts = ", ".join(f"{code} {n}" for code, n in report["errors_by_status"].items())
+        out.append(f"{report['errors']} errors besides the clients' own cancellations ({counts}); first: {first}")
+    if not report["endings"][FINISHED]:
+        out.append("no request finished")
+    if report["endings"][CUT]:
+        out.append(f"{report['endings'][CUT]} requests had not finished {spoken_duration(report['settings']['grace_s'])} "
+                   "after the deadline and were cancelled")
+    busy = {name: n for name, n in report["live_states"].items() if n != 0}
+    if busy:
+        out.append(f"live states at the end, after {report['release_wait_s']:.1f} s: "
+                   + ", ".join(f"{name} {'no answer' if n is None else n}" for name, n in busy.items()))
+    if report["greedy_differ"]:
+        out.append(f"{len(report['greedy_differ'])} greedy outputs differ from another of their prompt; first: "
+                   f"{report['greedy_differ'][0]}")
+    limit = report["settings"]["max_rss_growth"]
+    for name, row in (report["rss"] or {}).items():
+        if row["growth_pct"] is None:
+            out.append(f"RSS of {name} not read at the start or the end")
+        elif row["growth_pct"] > limit:
+            out.append(f"RSS of {name} grew {row['growth_pct']:.1f}% (limit {limit:g}%): "
+                       f"{row['start_mib']:.0f} to {row['end_mib']:.0f} MiB")
+    for name, code in report["exited"].items():
+        out.append(f"{name} exited during the soak with code {code}")
+    if report["clients_crashed"]:
+        out.append(f"{len(report['clients_crashed'])} clients stopped on an error of their own; first: "
+                   f"{report['clients_crashed'][0]}")
+    if report["clients_stuck"]:
+        out.append(f"{report['clients_stuck']} clients still waited on their calls {CUT_JOIN_S:.0f} s after the cut")
+    return out
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f} ms"
+
+
+def format_soak(report: dict) -> str:
+    s = report["settings"]
+    where = "a local cluster" if report["local_cluster"] else "the router"
+    endings = report["endings"]
+    lines = [
+        f"soak: {s['clients']} clients ({report['cancelling_clients']} ending streams early) against {where} at "
+        f"{report['router']}, {report['seconds']:.0f} s measured after {spoken_duration(s['warmup_s'])} of warm-up",
+        f"requests            {report['requests']} ("
+        + ", ".join(f"{k} {n}" for k, n in report["by_kind"].items()) + ")",
+        f"endings             {endings[FINISHED]} finished; by the clients: {endings[CANCELLED]} cancelled, "
+        f"{endings[DISCONNECTED]} disconnected, {endings[CUT]} cut at the end",
+        f"errors              {report['errors']}"
+        + ("" if not report["errors"] else " (" + ", ".join(f"{c} {n}" for c, n in report["errors_by_status"].items()) + ")"),
+        f"greedy outputs      {report['greedy_checked']} checked against their prompt's others, "
+        f"{len(report['greedy_differ'])} differ",
+        f"throughput          {report['tokens_per_s']:.1f} tokens/s ({report['tokens']} tokens)",
+    ]
+    for label, key in (("time to first token", "first_token_ms"), ("time between tokens", "between_tokens_ms")):
+        d = report[key]
+        lines.append(f"{label:<20}p50 {_ms(d['p50'])}, p99 {_ms(d['p99'])} ({d['count']} samples)")
+    states = ", ".join(f"{n} {'no answer' if v is None else v}" for n, v in report["live_states"].items())
+    lines.append(f"live states at end   {states} (after {report['release_wait_s']:.1f} s)")
+    if report["rss"] is None:
+        lines.append("RSS                 n/a (a router given by address)")
+    else:
+        lines.append(f"{'RSS (MiB)':<20}{'start':>8}{'end':>8}{'growth':>9}")
+        for name, row in report["rss"].items():
+            start = "n/a" if row["start_mib"] is None else f"{row['start_mib']:.1f}"
+            end = "n/a" if row["end_mib"] is None else f"{row['end_mib']:.1f}"
+            growth = "n/a" if row["growth_pct"] is None else f"{row['growth_pct']:+.1f}%"
+            lines.append(f"  {name:<18}{start:>8}{end:>8}{growth:>9}")
+    failures = soak_failures(report)
+    lines.append("PASS" if not failures else f"FAIL ({len(failures)})")
+    return "\n".join(lines)
