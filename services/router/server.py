@@ -272,6 +272,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             place.release()
 
     def ListModels(self, request, context):
+        _refuse_undecodable(request, context)
         r = self.router
         return pb.ListModelsResponse(models=[
             pb.ModelInfo(name=n, parameters=r.workers[n].info.parameters,
@@ -279,6 +280,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             for n in r.by_size])
 
     def Schedule(self, request, context):
+        _refuse_undecodable(request, context)
         greedy, sampling = request.greedy_rows, request.sampling_rows
         if greedy + sampling == 0:
             greedy = 1
@@ -292,8 +294,15 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 class Undecodable:
     """Stands for a request whose bytes did not parse (gRPC itself treats None as INTERNAL)."""
 
-    def __init__(self, error: Exception):
+    def __init__(self, error: Exception, message_name: str):
         self.error = error
+        self.message_name = message_name
+
+
+def _refuse_undecodable(request, context) -> None:
+    if isinstance(request, Undecodable):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be decoded ({request.error}); send a "
+                      f"serialized {request.message_name}")
 
 
 def _lenient(message_type):
@@ -302,7 +311,7 @@ def _lenient(message_type):
         try:
             return message_type.FromString(data)
         except Exception as exc:  # noqa: BLE001 - DecodeError, e.g. invalid UTF-8 in a string field
-            return Undecodable(exc)
+            return Undecodable(exc, message_type.DESCRIPTOR.full_name)
     return parse
 
 
@@ -319,8 +328,8 @@ def create_server(settings: RouterSettings, router: Router) -> tuple[grpc.Server
         "Generate": grpc.unary_unary_rpc_method_handler(servicer.Generate, _lenient(pb.GenerateRequest), ser),
         "GenerateStream": grpc.unary_stream_rpc_method_handler(servicer.GenerateStream,
                                                                _lenient(pb.GenerateRequest), ser),
-        "ListModels": grpc.unary_unary_rpc_method_handler(servicer.ListModels, pb.ListModelsRequest.FromString, ser),
-        "Schedule": grpc.unary_unary_rpc_method_handler(servicer.Schedule, pb.ScheduleRequest.FromString, ser),
+        "ListModels": grpc.unary_unary_rpc_method_handler(servicer.ListModels, _lenient(pb.ListModelsRequest), ser),
+        "Schedule": grpc.unary_unary_rpc_method_handler(servicer.Schedule, _lenient(pb.ScheduleRequest), ser),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=True)
