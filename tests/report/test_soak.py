@@ -125,7 +125,8 @@ def _report(**changes) -> dict:
     tally = Tally()
     tally.observe(Outcome(UNARY_GREEDY, 0.0, 1.0, tokens=8))
     report = {"router": "127.0.0.1:1", "local_cluster": True, "cancelling_clients": 1, "seconds": 10.0,
-              "warmup_requests": 0, "settings": vars(SoakSettings()) | {"max_rss_growth": 10.0},
+              "warmup": {"requests": 2, "errors": 0, "errors_by_status": {}, "first_error": {}, "cut": 0},
+              "settings": vars(SoakSettings()) | {"max_rss_growth": 10.0},
               **tally.summary(10.0), "greedy_checked": 1, "greedy_differ": [], "live_states": {"a": 0, "b": 0},
               "release_wait_s": 0.2, "rss": {"router": {"start_mib": 100.0, "end_mib": 105.0, "growth_pct": 5.0}},
               "exited": {}, "clients_stuck": 0, "clients_crashed": []}
@@ -142,18 +143,21 @@ def test_the_verdict_names_each_reason_to_fail() -> None:
                       rss={"router": {"start_mib": 100.0, "end_mib": 120.0, "growth_pct": 20.0},
                            "profiler": {"start_mib": 100.0, "end_mib": 109.0, "growth_pct": 9.0}},
                       greedy_differ=["prompt 'x': token 1 is 2 here, 3 before"], exited={"worker-a": -9},
-                      endings={FINISHED: 0, CANCELLED: 4, DISCONNECTED: 0, CUT: 1})
+                      endings={FINISHED: 0, CANCELLED: 4, DISCONNECTED: 0, CUT: 1},
+                      warmup={"requests": 5, "errors": 1, "errors_by_status": {"CANCELLED": 1},
+                              "first_error": {"CANCELLED": "the call ended"}, "cut": 2})
     assert soak_failures(failing) == [
         "3 errors besides the clients' own cancellations (INTERNAL 2, UNAVAILABLE 1); first: INTERNAL: boom; "
         "UNAVAILABLE: gone",
+        "1 errors in the warm-up besides the clients' own cancellations (CANCELLED 1); first: CANCELLED: the call ended",
         "no request finished",
-        "1 requests had not finished 30s after the deadline and were cancelled",
+        "3 requests had not finished 30s after the deadline and were cancelled",
         "live states at the end, after 0.2 s: a 2, c no answer",
         "1 greedy outputs differ from another of their prompt; first: prompt 'x': token 1 is 2 here, 3 before",
         "RSS of router grew 20.0% (limit 10%): 100 to 120 MiB",
         "worker-a exited during the soak with code -9",
     ]
-    assert format_soak(failing).endswith("FAIL (7)")
+    assert format_soak(failing).endswith("FAIL (8)")
     text = format_soak(_report(rss=None))
     assert "RSS                 n/a" in text and "time to first token p50 n/a" in text
 
@@ -241,7 +245,7 @@ def test_the_load_counts_every_call_and_the_refusals_as_errors_by_status(fake_ro
     settings = SoakSettings(clients=4, duration_s=1.5, warmup_s=0.0, grace_s=30.0, cancel_fraction=0.5,
                             max_new_tokens=16)
     report = run_soak(settings, router=address, prompts=PROMPTS, release_wait_s=1.0)
-    assert report["requests"] == router.calls > 20
+    assert report["requests"] == router.calls > 20 and report["warmup"]["requests"] == 0
     assert report["errors_by_status"] == {"RESOURCE_EXHAUSTED": router.refused} and router.refused >= 3
     assert report["first_error"] == {"RESOURCE_EXHAUSTED": "the queue is full; retry later"}
     endings = report["endings"]

@@ -501,7 +501,7 @@ def _soak(settings: SoakSettings, router: str, prompts: Sequence[Prompt], worker
         report = {
             "router": router, "local_cluster": cluster is not None,
             "settings": asdict(settings), "cancelling_clients": len(load.cancelling),
-            "seconds": seconds, "warmup_requests": sum(load.warmup.requests.values()),
+            "seconds": seconds, "warmup": _warmup_figures(load.warmup),
             **tally.summary(seconds),
             "greedy_checked": load.greedy.checked, "greedy_differ": list(load.greedy.differ),
             "live_states": states, "release_wait_s": waited,
@@ -509,6 +509,13 @@ def _soak(settings: SoakSettings, router: str, prompts: Sequence[Prompt], worker
             "exited": exited, "clients_stuck": stuck, "clients_crashed": list(load.crashed),
         }
     return report
+
+
+def _warmup_figures(tally: Tally) -> dict:
+    """What the verdict needs of the warm-up, whose requests the figures leave out: its errors and cuts."""
+    s = tally.summary(1.0)
+    return {"requests": s["requests"], "errors": s["errors"], "errors_by_status": s["errors_by_status"],
+            "first_error": s["first_error"], "cut": s["endings"][CUT]}
 
 
 def _progress_until(load: Load, until: float, say: Callable[[str], None]) -> None:
@@ -536,14 +543,17 @@ def progress_line(load: Load, now: float) -> str:
 def soak_failures(report: dict) -> list[str]:
     """What makes the soak fail, one line each; empty when it held."""
     out = []
-    if report["errors"]:
-        first = "; ".join(f"{code}: {message}" for code, message in report["first_error"].items())
-        counts = ", ".join(f"{code} {n}" for code, n in report["errors_by_status"].items())
-        out.append(f"{report['errors']} errors besides the clients' own cancellations ({counts}); first: {first}")
+    for figures, when in ((report, ""), (report["warmup"], " in the warm-up")):
+        if figures["errors"]:
+            first = "; ".join(f"{code}: {message}" for code, message in figures["first_error"].items())
+            counts = ", ".join(f"{code} {n}" for code, n in figures["errors_by_status"].items())
+            out.append(f"{figures['errors']} errors{when} besides the clients' own cancellations ({counts}); "
+                       f"first: {first}")
     if not report["endings"][FINISHED]:
         out.append("no request finished")
-    if report["endings"][CUT]:
-        out.append(f"{report['endings'][CUT]} requests had not finished {spoken_duration(report['settings']['grace_s'])} "
+    cut = report["endings"][CUT] + report["warmup"]["cut"]
+    if cut:
+        out.append(f"{cut} requests had not finished {spoken_duration(report['settings']['grace_s'])} "
                    "after the deadline and were cancelled")
     busy = {name: n for name, n in report["live_states"].items() if n != 0}
     if busy:
@@ -594,6 +604,9 @@ def format_soak(report: dict) -> str:
         d = report[key]
         lines.append(f"{label:<20}p50 {_ms(d['p50'])}, p99 {_ms(d['p99'])} ({d['count']} samples)")
     states = ", ".join(f"{n} {'no answer' if v is None else v}" for n, v in report["live_states"].items())
+    w = report["warmup"]
+    lines.append(f"warm-up             {w['requests']} requests (not in the figures above), {w['errors']} errors, "
+                 f"{w['cut']} cut")
     lines.append(f"live states at end   {states} (after {report['release_wait_s']:.1f} s)")
     if report["rss"] is None:
         lines.append("RSS                 n/a (a router given by address)")
