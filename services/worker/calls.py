@@ -8,12 +8,17 @@ plain dataclasses, so the router needs nothing else of the worker.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 GREEDY_TEMPERATURE = 0.0
+# Logits are divided by the temperature and by the repetition penalty in fp32: below these the quotients can
+# overflow to infinities, and the rows become NaN (vLLM raises temperatures below 0.01 to 0.01 for this reason).
+MIN_TEMPERATURE = 1e-2
+MIN_REPETITION_PENALTY = 1e-2
 
 __all__ = ["GREEDY_TEMPERATURE", "ForwardTiming", "RowStep", "SamplingParams", "StepResult", "VerifyRow"]
 
@@ -41,14 +46,16 @@ class SamplingParams:
         return self.temperature == GREEDY_TEMPERATURE
 
     def validate(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not (self.greedy or MIN_TEMPERATURE <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got "
+                             f"{self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 turns it off), got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be a finite number >= {MIN_REPETITION_PENALTY} (1 turns it "
+                             f"off), got {self.repetition_penalty}")
 
 
 @dataclass(frozen=True)
