@@ -6,7 +6,9 @@ one code path: with one-hot rows the acceptance rule of `verify.py` reduces to "
 this level's argmax".
 
 Randomness comes from counter-based streams: the uniforms of a row are a function of (request seed,
-cycle, level) only, so a row's output does not depend on which other rows share its batch.
+cycle, level) only, so a row's output does not depend on which other rows share its batch. The three are
+hashed into a 64-bit stream key, and the key, all 64 bits of it, into the uniforms (a seeded torch CPU
+generator would keep only the key's low 32 bits, so that streams of one long request could repeat).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specrouter.worker.calls import SamplingParams
@@ -82,8 +85,26 @@ def sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
+KEY_BYTES = 8        # a stream key: 64 bits
+UNIFORM_BITS = 24    # float32 holds every k / 2**24, k < 2**24, exactly: the uniforms torch.rand makes too
+
+
+def stream_key(seed: int, cycle: int, level: int) -> int:
+    """The 64-bit key of a row's random stream at one cycle and level."""
+    digest = hashlib.blake2b(struct.pack("<qqq", seed, cycle, level), digest_size=KEY_BYTES).digest()
+    return int.from_bytes(digest, "little")
+
+
+def key_uniforms(key: int, count: int) -> torch.Tensor:
+    """`count` uniforms in [0, 1) from all 64 bits of `key`: [count] float32 on the CPU.
+
+    Uniform i is the i-th 32-bit word of SHAKE-256(key), its top UNIFORM_BITS bits over 2**UNIFORM_BITS:
+    counter-based, so a stream's first n uniforms are the same however many are asked for.
+    """
+    words = np.frombuffer(hashlib.shake_256(key.to_bytes(KEY_BYTES, "little")).digest(4 * count), dtype="<u4")
+    return torch.from_numpy((words >> (32 - UNIFORM_BITS)).astype(np.float32)) * 2.0 ** -UNIFORM_BITS
+
+
 def row_uniforms(seed: int, cycle: int, level: int, count: int) -> torch.Tensor:
     """`count` uniforms in [0, 1) that depend only on (seed, cycle, level): [count] on the CPU."""
-    digest = hashlib.blake2b(struct.pack("<qqq", seed, cycle, level), digest_size=8).digest()
-    gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
-    return torch.rand(count, generator=gen, dtype=torch.float32)
+    return key_uniforms(stream_key(seed, cycle, level), count)
