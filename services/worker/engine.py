@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +31,21 @@ class UnknownStateError(KeyError):
         return str(self.args[0]) if self.args else "unknown state"
 
 
-class ContextLengthError(StateError):
-    """A row would grow past the model's context length."""
+class RowError(ValueError):
+    """A call that cannot be honoured for some of its rows (`row_ids`), for reasons of those rows alone. It
+    is raised before the call changes anything, so the same call without those rows can go ahead."""
+
+    def __init__(self, message: str, row_ids: Sequence[str]):
+        super().__init__(message)
+        self.row_ids = tuple(row_ids)
+
+
+class RowStateError(RowError, StateError):
+    """Rows whose state cannot honour the call: not in the state, too long a rollback, no pending token."""
+
+
+class ContextLengthError(RowStateError):
+    """Rows would grow past the model's context length."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +129,12 @@ class WorkerEngine:
             ids = [r for r, _ in rows]
             if len(set(ids)) != len(ids):
                 raise StateError(f"duplicate row ids in prefill: {ids}")
-            self._check_context([len(t) for _, t in rows])
+            self._check_tokens({r: t for r, t in rows})
+            self._check_context({r: len(t) for r, t in rows})
+            joined = self._states[state_id].row_ids if state_id in self._states else ()
+            clash = [r for r in ids if r in joined]
+            if clash:
+                raise RowStateError(f"rows {clash} are already in state {state_id!r} of model {self.name!r}", clash)
             fresh = self.forward.empty_state(ids)
             tokens, valid = _pad([t for _, t in rows], self.forward.device)
             timings = []
@@ -250,26 +268,48 @@ class WorkerEngine:
     # -- helpers ----------------------------------------------------------------------------------
 
     def _prepare(self, state_id: str, rows: Sequence[RowStep], extra_tokens: int) -> MaskedKVState:
-        """Reorders the state to the call's rows, applies their rollbacks, compacts if worth it."""
+        """Checks the call's rows, then reorders the state to them, applies their rollbacks, compacts if worth
+        it. A check that fails raises before the state changes, naming the rows it fails for."""
         self._drop_expired(time.monotonic())
         state = self.state(state_id)
         ids = [r.row_id for r in rows]
-        if sorted(ids) != sorted(state.row_ids):
+        held_ids = set(state.row_ids)
+        missing = [r for r in ids if r not in held_ids]
+        if missing:
+            raise RowStateError(f"state {state_id!r} of model {self.name!r} holds no row {missing} (released, or "
+                                f"never prefilled)", missing)
+        if len(ids) != len(held_ids) or len(set(ids)) != len(ids):
             raise StateError(f"call names rows {sorted(ids)} but state {state_id!r} holds {sorted(state.row_ids)}")
-        if any(len(r.pending) == 0 for r in rows):
-            raise StateError("every row needs at least one pending token (the last emitted one)")
+        empty = [r.row_id for r in rows if len(r.pending) == 0]
+        if empty:
+            raise RowStateError(f"rows {empty} have no pending token; every row needs at least one (the last "
+                                f"emitted one)", empty)
+        self._check_tokens({r.row_id: [*r.pending, *getattr(r, "proposal", ())] for r in rows})
+        held = dict(zip(state.row_ids, state.valid_lengths().tolist()))
+        too_long = [r.row_id for r in rows if not 0 <= r.rollback <= held[r.row_id]]
+        if too_long:
+            raise RowStateError(f"rows {too_long} ask for a rollback longer than they hold "
+                                f"({[held[r] for r in too_long]} tokens)", too_long)
+        self._check_context({r.row_id: held[r.row_id] - r.rollback + len(r.pending) + extra_tokens for r in rows})
         state.select(ids)
         if any(r.rollback for r in rows):
             state.rollback(torch.tensor([r.rollback for r in rows], dtype=torch.long))
-        lengths = state.valid_lengths().tolist()
-        self._check_context([n + len(r.pending) + extra_tokens for n, r in zip(lengths, rows)])
         total = state.batch_size * state.length
         if total and state.holes() > self.settings.compact_hole_fraction * total:
             state.compact()
         return state
 
-    def _check_context(self, lengths: Sequence[int]) -> None:
+    def _check_context(self, lengths: Mapping[str, int]) -> None:
+        """`lengths`: tokens per row once the call is done."""
         limit = self.forward.context_length
-        if lengths and max(lengths) > limit:
-            raise ContextLengthError(
-                f"a row would reach {max(lengths)} tokens; model {self.name!r} has a context of {limit}")
+        over = [r for r, n in lengths.items() if n > limit]
+        if over:
+            raise ContextLengthError(f"rows {over} would reach {max(lengths[r] for r in over)} tokens; model "
+                                     f"{self.name!r} has a context of {limit}", over)
+
+    def _check_tokens(self, tokens: Mapping[str, Sequence[int]]) -> None:
+        """Every token id of every row in [0, vocab)."""
+        bad = {r: t for r, ts in tokens.items() for t in ts if not 0 <= t < self.vocab}
+        if bad:
+            raise RowError(f"token ids {sorted(set(bad.values()))} of rows {list(bad)} are outside the vocabulary "
+                           f"[0, {self.vocab}) of model {self.name!r}", list(bad))
