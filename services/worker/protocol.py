@@ -6,6 +6,7 @@ worker does the reverse.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import torch
@@ -97,3 +98,24 @@ def step_result_from_pb(m: pb.StepResponse, vocab: int, verify: bool) -> StepRes
         timings=timings_from_pb(m.timing),
         handler_ns=m.timing.handler_ns,
     )
+
+
+# A call that fails for some of its rows alone (the engine's RowError) names them in its trailing metadata,
+# so that the router ends those requests and goes on with the others.
+FAILED_ROWS_KEY = "specrouter-failed-rows-bin"
+
+
+def failed_rows_to_metadata(row_ids: Sequence[str]) -> tuple[tuple[str, bytes], ...]:
+    return ((FAILED_ROWS_KEY, json.dumps(list(row_ids)).encode()),)
+
+
+def failed_rows_from_metadata(metadata) -> tuple[str, ...]:
+    """The rows a failed call names; none when it failed as a whole."""
+    for key, value in metadata or ():
+        if key == FAILED_ROWS_KEY:
+            try:
+                rows = json.loads(value)
+            except ValueError:
+                return ()
+            return tuple(r for r in rows if isinstance(r, str)) if isinstance(rows, list) else ()
+    return ()

@@ -50,6 +50,8 @@ def _handle(call: Callable[[], object], context: grpc.ServicerContext):
         code = status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("internal error")
+        if getattr(exc, "row_ids", None):   # the engine's RowError: the other rows can go on without these
+            context.set_trailing_metadata(protocol.failed_rows_to_metadata(exc.row_ids))
         context.abort(code, str(exc))
 
 
