@@ -8,7 +8,9 @@ worker rows are released), runs one cycle per batch, and hands emitted tokens to
 handle. A worker that fails a call of a model other than the target takes that model out (`health`):
 its batch drops it and goes on over the chains that remain, with no row lost, and new batches start
 without it until its worker answers again; requests that named a chain through it fail UNAVAILABLE. A
-failing target fails the rows of its batch only.
+failing target fails the rows of its batch only. A call that a worker refuses for some rows alone (a row
+past its context, a row its state lost, a token it cannot take) ends those requests alone: the others run
+the cycle again (it emitted nothing), or are prefilled again without them, with the same output.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dataclasses import dataclass, field
 from opentelemetry import trace
 
 from specrouter.router.breakdown import CycleBreakdown
-from specrouter.router.chain import FINISH_STOP, ChainBatch, CycleReport, Row, WorkerCallFailed
+from specrouter.router.chain import (FINISH_STOP, ChainBatch, CycleReport, Row, RowsFailed, WorkerCallFailed,
+                                     row_failure)
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.workers import Worker
@@ -164,7 +167,8 @@ class Batcher:
                                                        prompt_positions=self.prompt_positions)
         rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
                     h.request.max_new_tokens, self.stop_tokens) for h in group]
-        for attempt in range(2):
+        model_retry = True
+        while group:
             for model in self.health.down():
                 if model in batch.workers:
                     batch.drop_model(model)
@@ -186,13 +190,21 @@ class Batcher:
                 break
             except Exception as exc:  # noqa: BLE001 - a failed prefill fails these requests only
                 self._release(batch, rows)
-                if attempt == 0 and isinstance(exc, WorkerCallFailed) and exc.model != self.target:
+                if isinstance(exc, RowsFailed):   # those rows end; the others are prefilled again
+                    self._fail_rows(exc, [h for h in group if h.row_id in exc.row_ids])
+                    group = [h for h in group if h.row_id not in exc.row_ids]
+                    rows = [r for r in rows if r.row_id not in exc.row_ids]
+                    continue
+                if model_retry and isinstance(exc, WorkerCallFailed) and exc.model != self.target:
+                    model_retry = False
                     self.health.mark_down(exc.model, exc.cause)
                     continue
                 log.warning("prefill failed: %s", exc)
                 for h in group:
                     h.events.put(Failed(exc))
                 return
+        if not group:
+            return
         self._batches[key] = batch
         now = time.perf_counter_ns()
         for h in group:
@@ -233,6 +245,10 @@ class Batcher:
                     span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
                 if self.on_cycle is not None:
                     self.on_cycle(report, rows)   # measurements are queued inside the cycle's span
+        except RowsFailed as exc:   # those rows end; the others run the cycle again at the next turn
+            gone = batch.remove(list(exc.row_ids))
+            self._fail_rows(exc, [self._handles.pop(r.row_id) for r in gone])
+            return
         except WorkerCallFailed as exc:
             if exc.model == self.target or exc.model not in batch.workers:
                 self._fail_batch(batch, chain, exc)
@@ -275,6 +291,14 @@ class Batcher:
             for row in gone:
                 handle = self._handles.pop(row.row_id)
                 handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))
+
+    @staticmethod
+    def _fail_rows(exc: RowsFailed, handles: list[RequestHandle]) -> None:
+        """Ends the requests of rows that a worker refused, each with its own error; their batch goes on."""
+        error = row_failure(exc)
+        log.warning("%d request(s) ended alone (%s): %s", len(handles), error.code.name, error)
+        for h in handles:
+            h.events.put(Failed(error))
 
     def _fail_batch(self, batch: ChainBatch, chain: tuple[str, ...], exc: Exception) -> None:
         log.warning("cycle of chain %s failed: %s", ",".join(chain), exc)

@@ -9,6 +9,9 @@ For a chain [M1, ..., Mn] (Mn the target) and window W, one cycle is:
 4. rollback: each model keeps in its state only the emitted prefix; what it must drop is sent with its
             next call, together with the emitted tokens it has not yet seen (catch-up);
 5. stop:    EOS and max_new_tokens are applied to the emitted tokens; tokens after a stop are dropped.
+Near the end of the context every proposal is cut to the room its rows have left (each intermediate hands
+up one token more than it was given), which changes no emitted token: a shorter proposal is verified the
+same way. A call that a worker refuses for some rows alone ends those rows; the others run the cycle again.
 A chain of the target alone is plain decoding: the target samples a block of tokens itself in one
 call (its own draft is its output, so nothing needs verifying), which spreads the round trip over the
 block; tokens past a stop are dropped and rolled back like rejected drafts.
@@ -25,7 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import grpc
+
 from specrouter.router.workers import Worker
+from specrouter.worker import protocol
 from specrouter.worker.calls import RowStep, SamplingParams, StepResult, VerifyRow
 
 T = TypeVar("T")
@@ -103,6 +109,54 @@ class WorkerCallFailed(RuntimeError):
         self.model, self.cause = model, cause
 
 
+class RowsFailed(WorkerCallFailed):
+    """`model`'s worker refused a call for some of its rows alone (`row_ids`: a context overflow, a row its
+    state does not hold, a token it cannot take), before changing anything. The cycle emitted nothing, so
+    the other rows can run it again, with the same output."""
+
+    def __init__(self, model: str, cause: BaseException, row_ids: Sequence[str]):
+        super().__init__(model, cause)
+        self.row_ids = tuple(row_ids)
+
+
+class RowFailed(RuntimeError):
+    """A request ended alone, by a fault of its own row; the rest of its batch went on. `code` is the gRPC
+    status its client gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def failed_rows(cause: BaseException) -> tuple[str, ...]:
+    """The rows a worker's error names as the only ones it failed for (none: the call failed as a whole).
+    An in-process engine's `RowError` carries them; a remote worker's error, its trailing metadata."""
+    if isinstance(cause, grpc.Call):
+        return protocol.failed_rows_from_metadata(cause.trailing_metadata())
+    return tuple(getattr(cause, "row_ids", ()))
+
+
+_ROW_ADVICE = {
+    grpc.StatusCode.OUT_OF_RANGE: "shorten the prompt or ask for fewer new tokens",
+    grpc.StatusCode.INVALID_ARGUMENT: "send only token ids of the pool's tokenizer",
+    grpc.StatusCode.UNAVAILABLE: "retry the request",
+}
+
+
+def row_failure(exc: RowsFailed) -> RowFailed:
+    """What the client of a row of `exc` is told. A worker's context is OUT_OF_RANGE and a token it cannot
+    take INVALID_ARGUMENT; a row whose state the worker lost or holds out of step is UNAVAILABLE: the
+    request, sent again, starts with a fresh state."""
+    if isinstance(exc.cause, grpc.Call):
+        worker_code, details = exc.cause.code(), exc.cause.details()
+    else:
+        from specrouter.worker.server import status_for   # an in-process worker: the worker's own mapping
+
+        worker_code, details = status_for(exc.cause), str(exc.cause)
+    code = worker_code if worker_code in _ROW_ADVICE else grpc.StatusCode.UNAVAILABLE
+    return RowFailed(code, f"the worker of {exc.model} cannot go on with this request ({details}); {_ROW_ADVICE[code]}")
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return sum(1 for _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a, b)))
 
@@ -134,7 +188,10 @@ class ChainBatch:
                 raise ValueError(f"row {row.row_id!r} is already running")
         batch = [(r.row_id, r.tokens[:-1]) for r in rows]
         n = self.prompt_positions
-        results = self._on_every_worker(lambda worker: worker.prefill(self.state_id, batch, n))
+        try:
+            results = self._on_every_worker(lambda worker: worker.prefill(self.state_id, batch, n))
+        except WorkerCallFailed as exc:
+            raise self._call_failed(exc.model, exc.cause, rows) from exc.cause
         for i, r in enumerate(rows):
             r.seen = {name: len(r.tokens) - 1 for name in self.workers}
             r.spec = {name: [] for name in self.workers}
@@ -188,6 +245,14 @@ class ChainBatch:
         if self.rows:
             self.remove(list(self.rows))
 
+    @staticmethod
+    def _call_failed(model: str, cause: BaseException, rows: Sequence[Row]) -> WorkerCallFailed:
+        """The error for a failed call: `RowsFailed` when the worker names rows of the call as the only ones
+        it failed for."""
+        named = set(failed_rows(cause))
+        ids = [r.row_id for r in rows if r.row_id in named]
+        return RowsFailed(model, cause, ids) if ids else WorkerCallFailed(model, cause)
+
     # -- the cycle -----------------------------------------------------------------------------
 
     def step(self, chain: Sequence[str], window: int) -> CycleReport:
@@ -196,10 +261,13 @@ class ChainBatch:
         rows = [r for r in self.rows.values() if r.finish_reason is None]
         if not rows:
             raise ValueError("no running rows")
-        room = min(self.context_length - len(r.tokens) - 1 for r in rows)
+        # the most proposal tokens a level may be handed: verifying k tokens takes k + 1 positions past the
+        # row's, and the longest row sets it for all (a worker checks every row for the longest proposal)
+        room = max(0, min(self.context_length - len(r.tokens) - 1 for r in rows))
         if len(chain) == 1 and window == 0:   # no more tokens than the rows still want
             window = min(TARGET_ONLY_BLOCK, max(r.max_new_tokens - len(r.generated) for r in rows))
-        window = max(1, min(window, room))
+        # each intermediate level hands up one token more than it was given
+        window = max(1, min(window, room - max(0, len(chain) - 2)))
         results: dict[str, StepResult] = {}
         call_ns: dict[str, int] = {}
         accepted: dict[str, list[int]] = {}
@@ -211,7 +279,7 @@ class ChainBatch:
         try:
             result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows))
         except Exception as exc:
-            raise WorkerCallFailed(drafter, exc) from exc
+            raise self._call_failed(drafter, exc, rows) from exc
         call_ns[drafter] = time.perf_counter_ns() - started
         results[drafter] = result
         proposal, proposal_rows = result.tokens, result.rows
@@ -219,6 +287,10 @@ class ChainBatch:
 
         for level, model in enumerate(chain[1:], start=1):
             hand_up = model != chain[-1]
+            # near the end of the context a proposal is cut to the room, by its last tokens: a prefix of a
+            # proposal is verified as the whole would be, so the emitted tokens are the target's still
+            proposal = [p[:room] for p in proposal]
+            proposal_rows = [q if q is None else q[:room] for q in proposal_rows]
             steps = [
                 VerifyRow(row_id=s.row_id, pending=s.pending, sampling=s.sampling, cycle=s.cycle,
                           rollback=s.rollback, proposal=tuple(p), proposal_rows=q)
@@ -229,7 +301,7 @@ class ChainBatch:
                 result = self.workers[model].verify(self.state_id, level, steps, hand_up)
             except Exception as exc:
                 self._abandon(rows, processed)
-                raise WorkerCallFailed(model, exc) from exc
+                raise self._call_failed(model, exc, rows) from exc
             call_ns[model] = time.perf_counter_ns() - started
             results[model] = result
             processed[model] = [list(p) for p in proposal]
