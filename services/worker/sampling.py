@@ -90,8 +90,9 @@ UNIFORM_BITS = 24    # float32 holds every k / 2**24, k < 2**24, exactly: the un
 
 
 def stream_key(seed: int, cycle: int, level: int) -> int:
-    """The 64-bit key of a row's random stream at one cycle and level."""
-    digest = hashlib.blake2b(struct.pack("<qqq", seed, cycle, level), digest_size=KEY_BYTES).digest()
+    """The 64-bit key of a row's random stream at one cycle and level. The seed is signed, the cycle and the
+    level unsigned, as the wire carries them (int64, uint64, uint32); below 2**63 either packing is the same."""
+    digest = hashlib.blake2b(struct.pack("<qQQ", seed, cycle, level), digest_size=KEY_BYTES).digest()
     return int.from_bytes(digest, "little")
 
 
