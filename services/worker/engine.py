@@ -127,6 +127,8 @@ class WorkerEngine:
         with self._lock:
             self._drop_expired(time.monotonic())
             ids = [r for r, _ in rows]
+            if not ids:   # a state without rows would fail every later call
+                raise ValueError(f"prefill of state {state_id!r} names no rows; give at least one")
             if len(set(ids)) != len(ids):
                 raise StateError(f"duplicate row ids in prefill: {ids}")
             self._check_tokens({r: t for r, t in rows})
