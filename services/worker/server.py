@@ -102,6 +102,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         return _handle(run, context)
 
 
+def _lenient_handlers(servicer: WorkerServicer) -> grpc.GenericRpcHandler:
+    """The service's methods, with a request parser that cannot fail: bytes that are no request of the method
+    are refused by the handler with INVALID_ARGUMENT (gRPC's own parser would answer INTERNAL)."""
+    def parser(message_type):
+        def parse(data: bytes):
+            try:
+                return message_type.FromString(data)
+            except Exception as exc:  # noqa: BLE001 - DecodeError, e.g. a string field that is not UTF-8
+                return ValueError(f"request could not be decoded as a {message_type.DESCRIPTOR.full_name}: {exc}")
+        return parse
+
+    def refusing_undecodable(method):
+        def handler(request, context):
+            if isinstance(request, ValueError):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request))
+            return method(request, context)
+        return handler
+
+    handlers = {m.name: grpc.unary_unary_rpc_method_handler(refusing_undecodable(getattr(servicer, m.name)),
+                                                            parser(getattr(pb, m.input_type.name)),
+                                                            lambda reply: reply.SerializeToString())
+                for m in pb.DESCRIPTOR.services_by_name["WorkerService"].methods}
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
 def message_limit(settings: WorkerSettings, vocab: int) -> int:
     """Bytes of the largest message: a full batch of windows of dense fp16 rows, plus headroom."""
     return settings.max_batch_size * (settings.max_window + 1) * vocab * ROW_BYTES_PER_ENTRY + MESSAGE_HEADROOM
@@ -154,7 +179,7 @@ def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoR
         futures.ThreadPoolExecutor(max_workers=settings.threads),
         options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)],
     )
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine, info, compute), server)
+    server.add_generic_rpc_handlers((_lenient_handlers(WorkerServicer(engine, info, compute)),))
     health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=False)  # until warmed up
     return server, serving.listen(server, settings.host, settings.port), health_servicer
 
