@@ -54,14 +54,19 @@ def encode_row(row: torch.Tensor) -> WireRow:
 
 def decode_row(row: WireRow, vocab: int) -> torch.Tensor:
     """The fp16 row [vocab], bit-identical to the one the sender encoded."""
-    values = torch.frombuffer(bytearray(row.values), dtype=WIRE_DTYPE)
     if row.indices is None:
-        if values.numel() != vocab:
-            raise ValueError(f"a dense row must hold {vocab} values, got {values.numel()}")
-        return values.clone()
+        if len(row.values) != vocab * VALUE_BYTES:
+            raise ValueError(f"a dense row must hold {vocab} fp16 values ({vocab * VALUE_BYTES} bytes), got "
+                             f"{len(row.values)} bytes")
+        return torch.frombuffer(bytearray(row.values), dtype=WIRE_DTYPE).clone()
+    count = len(row.indices) // INDEX_BYTES
+    if len(row.indices) % INDEX_BYTES or len(row.values) != count * VALUE_BYTES:
+        raise ValueError(f"a sparse row needs one int32 index ({INDEX_BYTES} bytes) per fp16 value ({VALUE_BYTES} "
+                         f"bytes), got {len(row.indices)} bytes of indices and {len(row.values)} of values")
+    values = torch.frombuffer(bytearray(row.values), dtype=WIRE_DTYPE)
     idx = torch.frombuffer(bytearray(row.indices), dtype=torch.int32).long()
-    if idx.numel() != values.numel() or bool((idx < 0).any()) or bool((idx >= vocab).any()):
-        raise ValueError(f"a sparse row needs one index in [0, {vocab}) per value")
+    if bool((idx < 0).any()) or bool((idx >= vocab).any()):
+        raise ValueError(f"a sparse row's indices must be in [0, {vocab})")
     return torch.zeros(vocab, dtype=WIRE_DTYPE).index_put_((idx,), values)
 
 
