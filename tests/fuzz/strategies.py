@@ -31,9 +31,9 @@ floats32 = st.one_of(st.sampled_from(FLOAT32_EDGES), st.floats(width=32))
 ODD_TEXT = ["", " ", "\n", "\x00", "\t\r\n", "\ufeff", "e\u0301\u0301\u0301", "\u202eevil", "\U0010ffff", "\uffff",
             "😀👩‍👩‍👧‍👦", "ﷺ", "\u200b" * 5, "def f(x):\n    return x\n", "import os\n", "class Stack:"]
 REPEATED = ["x = 1\n", "a", "é", "😀", "\x00", " ", "def f(x):\n"]
-# short (a few tokens), near the context end (1,024 tokens), past it, past the prompt byte limit (1 MiB),
-# past the gRPC message limit (4 MiB)
-REPEATS = [1, 2, 50, 150, 170, 180, 1000, 5000, 300_000, 1_100_000, 5_000_000]
+# short (a few tokens), near the context end (1,024 tokens: "x = 1\n" is 4 tokens, so 250 of them leave room for
+# 23 new ones), past it, past the prompt byte limit (1 MiB), past the gRPC message limit (4 MiB)
+REPEATS = [1, 2, 50, 170, 250, 255, 1000, 5000, 300_000, 1_100_000, 5_000_000]
 
 prompts = st.one_of(
     st.sampled_from(ODD_TEXT),

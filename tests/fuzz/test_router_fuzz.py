@@ -137,7 +137,10 @@ test_generate_requests, test_generate_requests_long = quick_and_long(
     example(request=pb.GenerateRequest(prompt="def f(x):", temperature=float("inf"), seed=1)),
     example(request=pb.GenerateRequest(prompt="def f(x):", temperature=1e-45, seed=1)),   # logits / T overflow
     example(request=pb.GenerateRequest(prompt="def f(x):", repetition_penalty=1e-45)),
-    example(request=pb.GenerateRequest(prompt="x = 1\n" * 180, max_new_tokens=48, chain=THREE_LEVELS, window=16)),
+    # to the context's last position (1,000 prompt tokens and 23 new), the widest window, three levels
+    example(request=pb.GenerateRequest(prompt="x = 1\n" * 250, max_new_tokens=23, chain=THREE_LEVELS, window=16)),
+    example(request=pb.GenerateRequest(prompt="x = 1\n" * 250, max_new_tokens=23, chain=THREE_LEVELS, window=16,
+                                       temperature=1.0, seed=5)),
     example(request=pb.GenerateRequest(prompt="def f(x):", chain=THREE_LEVELS, window=16, temperature=0.9, seed=3)),
     request=generate_requests)
 
