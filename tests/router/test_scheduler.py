@@ -1004,3 +1004,16 @@ def test_a_model_the_batch_lost_is_never_chosen_nor_explored() -> None:
     assert chosen and all(set(c) <= {"b", "t"} for c in chosen), chosen
     assert sched.counts["explorations"] > 0
     assert {sched.choose(whole)[0] for _ in range(30)} & {("a", "t"), ("a", "b", "t"), ("b", "a", "t")}
+
+
+def test_a_batch_of_greedy_and_sampled_rows_is_explored() -> None:
+    """Overdue pairs of a mixed batch tie across modes (both unmeasured); ranking them must compare how
+    overdue they are alone, not the modes (which have no order)."""
+    sched, _ = make({("a", "t"): 0.9}, explore_after_s=0.0, explore_every_cycles=1)
+    batch, sampled = FakeBatch(2), FakeBatch(2, greedy=False)
+    for row in sampled.rows.values():
+        row.row_id = f"sampled-{row.row_id}"
+        batch.rows[row.row_id] = row
+    chains = [sched.choose(batch)[0] for _ in range(8)]
+    assert sched.counts["explorations"] >= 3
+    assert any("b" in c for c in chains)

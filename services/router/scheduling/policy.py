@@ -143,7 +143,7 @@ class Policy:
         # models missed tokens of the rows must feed them first (the catch-up), which can cost more than the
         # exploration cycle itself (at batch 1, a prefill of the whole row by a model that never saw it),
         # so it waits for a batch with none, up to `explore_patience` times overdue
-        for overdue, (d, v, mode) in sorted(stale, reverse=True):
+        for overdue, (d, v, mode) in sorted(stale, key=lambda item: item[0], reverse=True):   # ties: greedy first
             p = next((p for p in predictions if (d, v) in chain_pairs(p.chain)), None)
             if p is None or (overdue < s.explore_patience and catch_up_ns(plan, p.chain, rows) > 0):
                 continue
