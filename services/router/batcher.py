@@ -134,9 +134,13 @@ class Batcher:
                 # that send together arrive a few ms apart, and a prefill takes longer than that
                 self._admit(block=False)
             for key, batch in list(self._batches.items()):
-                self._drop_cancelled(batch)
-                if batch.rows:
-                    self._cycle(key, batch)
+                try:
+                    self._drop_cancelled(batch)
+                    if batch.rows:
+                        self._cycle(key, batch)
+                except Exception as exc:  # noqa: BLE001 - a bug fails this batch's requests, not the router
+                    log.exception("batch of chain %s failed", key[0])
+                    self._fail_batch(batch, key[0] or (self.target,), exc)
                 if not batch.rows:
                     del self._batches[key]
         for batch in self._batches.values():
@@ -231,7 +235,12 @@ class Batcher:
         chain, window = key
         auto = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
         if auto:   # the scheduler's choice, within the chain or the window the requests named
-            chain, window = self.choose_auto(batch, chain, window)
+            try:
+                chain, window = self.choose_auto(batch, chain, window)
+            except Exception as exc:  # noqa: BLE001 - a scheduler bug fails this batch's requests alone
+                log.exception("the scheduler failed to choose a chain")
+                self._fail_batch(batch, chain or (self.target,), exc)
+                return
             if len(chain) == 1:   # the target drafts its own block: one round trip for several tokens
                 window = 0
         choose_ns = time.perf_counter_ns() - started

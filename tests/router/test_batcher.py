@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from specrouter.router.batcher import Batcher, Failed, Finished
 from specrouter.router.requests import GenerationRequest
 from specrouter.worker.calls import SamplingParams
@@ -49,3 +51,28 @@ def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_poo
         target.prefill = prefill
         batcher.stop()
     assert sizes[0] == 2, f"the first cycle ran {sizes[0]} row(s); batch sizes by cycle: {sizes}"
+
+
+def test_a_scheduler_that_fails_fails_its_batch_and_the_batcher_goes_on(tiny_pool) -> None:
+    """An exception while choosing a chain ends that batch's requests with the error; the loop lives on and
+    serves the next request (a dead loop would leave every request waiting for ever)."""
+    calls = [0]
+
+    def choose(batch, chain, window):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise TypeError("a bug in the scheduler")
+        return ("s", "t"), 2
+
+    batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=choose)
+    batcher.start()
+    try:
+        first = batcher.submit(GenerationRequest([5, 9, 3], SamplingParams(), 6))
+        with pytest.raises(TypeError, match="a bug in the scheduler"):
+            finish(first)
+        second = batcher.submit(GenerationRequest([7, 1], SamplingParams(), 6))
+        assert len(finish(second).token_ids) == 6
+    finally:
+        batcher.stop()
+    assert batcher.running() == 0
+    assert not any(engine.state_ids() for engine in tiny_pool.values()), "the failed batch left states"
