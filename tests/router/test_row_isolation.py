@@ -14,6 +14,7 @@ import pytest
 from specrouter.router.batcher import Batcher, Failed, Finished
 from specrouter.router.remote import RemoteWorker
 from specrouter.router.requests import GenerationRequest
+from specrouter.router.server import status_for
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.worker.calls import RowStep, SamplingParams
 from specrouter.worker.compute import ComputeLoop
@@ -118,6 +119,7 @@ def assert_alone(done, reference, code: grpc.StatusCode, *words: str) -> None:
     assert isinstance(done[LOST], Failed), done[LOST]
     error = done[LOST].error
     assert error.code == code, error
+    assert status_for(error) == (code, str(error)), "the router's client gets another status"
     assert all(w in str(error) for w in words), error
 
 
