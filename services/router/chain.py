@@ -19,6 +19,7 @@ block; tokens past a stop are dropped and rolled back like rejected drafts.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 import time
@@ -225,8 +226,9 @@ class ChainBatch:
         """`call` on every worker at once, its results by model; the first failure is raised, as a
         `WorkerCallFailed` naming its model, once all have answered (so that a caller cleaning up after it
         finds no call still in flight)."""
-        futures = {name: _FAN_OUT.submit(call, worker) for name, worker in self.workers.items()
-                   if getattr(worker, "remote", False)}
+        # each call runs in a copy of this thread's context, so the calls join the caller's trace
+        futures = {name: _FAN_OUT.submit(contextvars.copy_context().run, call, worker)
+                   for name, worker in self.workers.items() if getattr(worker, "remote", False)}
         outcomes: dict[str, tuple[T | None, BaseException | None]] = {}
         for name, worker in self.workers.items():
             if name not in futures:
