@@ -132,6 +132,7 @@ def run_script(fuzzed, script) -> None:
         for state in FUZZ_STATES:
             call(stub.Release, pb.ReleaseRequest(state_id=state))
     assert reference.probe() == reference.expected, "the well-formed client's state answers differently"
+    assert stub.Info(pb.InfoRequest()).live_states == 1, "the example left a state the worker still holds"
 
 
 def run_raw(fuzzed, body: bytes) -> None:
@@ -142,9 +143,18 @@ def run_raw(fuzzed, body: bytes) -> None:
             code, details, _ = call(raw, body)
             check_status(f"{method} with body {body[:64]!r}", code, details, ACCEPTABLE)
     finally:
-        for state in FUZZ_STATES:
+        for state in {*FUZZ_STATES, *_prefilled_state(body)} - {REF_STATE}:
             call(stub.Release, pb.ReleaseRequest(state_id=state))
     assert reference.probe() == reference.expected, "the well-formed client's state answers differently"
+    assert stub.Info(pb.InfoRequest()).live_states == 1, "the example left a state the worker still holds"
+
+
+def _prefilled_state(body: bytes) -> list[str]:
+    """The state a body sent to Prefill may have made: a mutated body names states of any id."""
+    try:
+        return [pb.PrefillRequest.FromString(body).state_id]
+    except Exception:  # noqa: BLE001 - no PrefillRequest: the worker refused it and made nothing
+        return []
 
 
 def _rows(*ids: str, tokens=(5, 6, 7)) -> list[pb.PrefillRow]:
