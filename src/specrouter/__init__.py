@@ -8,9 +8,10 @@ from specrouter.client import (  # noqa: E402
     DeadlineExceededError,
     GenerationResult,
     InvalidRequestError,
+    OverloadedError,
     SpecRouterError,
     UnavailableError,
 )
 
 __all__ = ["AsyncClient", "Client", "DeadlineExceededError", "GenerationResult", "InvalidRequestError",
-           "SpecRouterError", "UnavailableError"]
+           "OverloadedError", "SpecRouterError", "UnavailableError"]

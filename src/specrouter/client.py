@@ -56,10 +56,15 @@ class CancelledError(SpecRouterError):
     """The call was cancelled (CANCELLED)."""
 
 
+class OverloadedError(SpecRouterError):
+    """The router's line of waiting requests is full (RESOURCE_EXHAUSTED): nothing ran; send it again later,
+    or to another router."""
+
+
 _ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError, grpc.StatusCode.OUT_OF_RANGE: InvalidRequestError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError, grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
-    grpc.StatusCode.CANCELLED: CancelledError,
+    grpc.StatusCode.CANCELLED: CancelledError, grpc.StatusCode.RESOURCE_EXHAUSTED: OverloadedError,
 }
 
 

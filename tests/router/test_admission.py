@@ -11,7 +11,7 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
-from specrouter.client import Client, SpecRouterError
+from specrouter.client import Client, OverloadedError, SpecRouterError
 from specrouter.launcher import ServiceProcess
 from specrouter.router.admission import Admission, Overloaded
 from specrouter.router.server import Router, connect_workers, create_server
@@ -215,7 +215,7 @@ def test_a_burst_past_the_line_is_refused_and_the_admitted_requests_are_exact(ro
     refused = [o for o in outcomes if isinstance(o, SpecRouterError)]
     assert len(refused) == 3, outcomes
     for err in refused:
-        assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert isinstance(err, OverloadedError) and err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "2 requests generating (max_in_flight) and 2 waiting (max_queued)" in err.message
     # the server answers on, and every admitted request got the target's own output
     expected = client.generate(PROMPT, max_new_tokens=LONG, chain="target").token_ids
