@@ -15,10 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specrouter.cli import app
-from specrouter.report.soak import (CANCELLED, CUT, DISCONNECTED, FINISHED, MIXED_KINDS, STREAM_CANCELLED,
-                                    STREAM_DROPPED, STREAM_GREEDY, UNARY_GREEDY, UNARY_SAMPLED, GreedyOutputs,
-                                    Outcome, SoakSettings, Tally, format_soak, next_kind, parse_duration,
-                                    percentile, rss_kib, rss_rows, run_soak, soak_failures)
+from specrouter.report.soak import SoakSettings, next_kind, rss_kib, rss_rows, run_soak
+from specrouter.report.soak_results import (CANCELLED, CUT, DISCONNECTED, FINISHED, MIXED_KINDS, STREAM_CANCELLED,
+                                            STREAM_DROPPED, STREAM_GREEDY, UNARY_GREEDY, UNARY_SAMPLED,
+                                            GreedyOutputs, Outcome, Tally, format_soak, parse_duration, percentile,
+                                            soak_failures)
 from specrouter.report.workloads import Prompt
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc, worker_pb2, worker_pb2_grpc
