@@ -1,5 +1,7 @@
-"""`specrouter up` on the demo pool keeps serving through kill -9 of a drafter's worker and of the router:
-each comes back on its address, the router uses the drafter again, and greedy output stays the target's."""
+"""`specrouter up` on the demo pool keeps serving through kill -9 of each of its processes in turn: the drafter's
+worker (no request lost, the drafter used again once back), the profiler (none lost, measurements again once
+back), the target's worker (the requests it served fail UNAVAILABLE naming it, none hangs, served again once
+back) and the router (back on its address). Greedy output stays the target's throughout."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrouter.client import Client, SpecRouterError, UnavailableError
 from tests.conftest import DEMO_POOL
+from tests.router.test_services import profiler_snapshot
 
 DRAFTER, TARGET = "stdlib-1m", "stdlib-29m"
 PROMPT = "def parse(path):"
@@ -53,6 +56,10 @@ class Up:
                 return line
         raise AssertionError(f"no line with {text!r}; the last lines:\n{''.join(self.lines[-40:])}")
 
+    def address_of(self, service: str) -> str:
+        """The address `service` was announced at (its `up at` line, printed before the router's)."""
+        return next(line.split()[-1] for line in self.lines if line.startswith(f"{service} up at "))
+
     def child(self, *words: str) -> int:
         """The pid of the child whose command line holds every one of `words`."""
         for pid in subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split():
@@ -61,6 +68,40 @@ class Up:
             if all(w.encode() in args for w in words):
                 return int(pid)
         raise AssertionError(f"no child with {words}")
+
+
+class Asking:
+    """Requests one after another on a thread (the router's choice of chain) while the block runs; their
+    outputs and failures. Leaving the block waits for the request in flight: one that hangs fails the test."""
+
+    def __init__(self, client: Client):
+        self.client = client
+        self.outputs: list[list[int]] = []
+        self.failures: list[SpecRouterError] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._ask, daemon=True)
+
+    def _ask(self) -> None:
+        while not self._done.is_set():
+            try:
+                self.outputs.append(self.client.generate(PROMPT, max_new_tokens=NEW_TOKENS).token_ids)
+            except SpecRouterError as exc:
+                self.failures.append(exc)
+
+    def wait_for_outputs(self, count: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while len(self.outputs) < count:
+            assert time.monotonic() < deadline, f"{len(self.outputs)} outputs; failures: {self.failures}"
+            time.sleep(0.1)
+
+    def __enter__(self) -> Asking:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(WAIT_S)
+        assert not self._thread.is_alive(), "a request hung"
 
 
 def retry_unavailable(call):
@@ -83,25 +124,15 @@ def serving(address: str) -> bool:
 def test_up_restarts_a_killed_drafter_and_router_on_their_addresses(tmp_path) -> None:
     up = Up(tmp_path / "logs")
     try:
-        drafter_at = up.wait_for(f"worker-{DRAFTER} up at ").split()[-1]
         router_at = up.wait_for("router listening on ").split()[-1]
+        profiler_at, drafter_at, target_at = (up.address_of(name) for name in ("profiler", f"worker-{DRAFTER}",
+                                                                                f"worker-{TARGET}"))
         with Client(router_at, timeout_s=120) as client:
             expected = client.generate(PROMPT, max_new_tokens=NEW_TOKENS, chain="target").token_ids
             assert client.generate(PROMPT, max_new_tokens=NEW_TOKENS, chain=f"{DRAFTER},{TARGET}").token_ids == expected
 
             # requests run all along, on the router's choice of chain: each must be the target's output
-            outputs, failures, done = [], [], threading.Event()
-
-            def keep_asking() -> None:
-                while not done.is_set():
-                    try:
-                        outputs.append(client.generate(PROMPT, max_new_tokens=NEW_TOKENS).token_ids)
-                    except SpecRouterError as exc:
-                        failures.append(exc)
-
-            asking = threading.Thread(target=keep_asking)
-            asking.start()
-            try:
+            with Asking(client) as asking:
                 drafter_pid = up.child("--name", DRAFTER)
                 os.kill(drafter_pid, signal.SIGKILL)
                 said = up.wait_for(f"worker-{DRAFTER} exited with code -9 (SIGKILL); starting it again on {drafter_at}")
@@ -112,10 +143,33 @@ def test_up_restarts_a_killed_drafter_and_router_on_their_addresses(tmp_path) ->
                 again = retry_unavailable(lambda: client.generate(PROMPT, max_new_tokens=NEW_TOKENS,
                                                                   chain=f"{DRAFTER},{TARGET}"))
                 assert again.token_ids == expected and set(again.stats.chain_counts) == {f"{DRAFTER},{TARGET}"}
-            finally:
-                done.set()
-                asking.join(WAIT_S)
-            assert not failures and outputs and all(o == expected for o in outputs), (failures, len(outputs))
+            assert not asking.failures and asking.outputs, (asking.failures, len(asking.outputs))
+            assert all(o == expected for o in asking.outputs)
+
+            # the profiler killed: the router serves on its last metrics, and reports to the profiler again
+            # once it is back (in memory: it starts empty and fills up)
+            with Asking(client) as asking:
+                os.kill(up.child("specrouter.profiler"), signal.SIGKILL)
+                up.wait_for(f"profiler exited with code -9 (SIGKILL); starting it again on {profiler_at}")
+                up.wait_for(f"profiler is back at {profiler_at} (restart 1)")
+                asking.wait_for_outputs(len(asking.outputs) + 2)
+                snap = profiler_snapshot(profiler_at, lambda s: TARGET in {f.model for f in s.forward})
+                assert TARGET in {f.model for f in snap.forward}   # the target runs in every chain
+            assert not asking.failures and all(o == expected for o in asking.outputs), asking.failures
+
+            # the target's worker killed: the requests it served fail UNAVAILABLE naming it and none hangs;
+            # once it is back the router serves again, the target's output
+            with Asking(client) as asking:
+                asking.wait_for_outputs(1)
+                os.kill(up.child("--name", TARGET), signal.SIGKILL)
+                up.wait_for(f"worker-{TARGET} exited with code -9 (SIGKILL); starting it again on {target_at}")
+                up.wait_for(f"worker-{TARGET} is back at {target_at} (restart 1)")
+                back = retry_unavailable(lambda: client.generate(PROMPT, max_new_tokens=NEW_TOKENS))
+                assert back.token_ids == expected
+            assert asking.failures, "no request was in flight when the target's worker died"
+            for failure in asking.failures:
+                assert isinstance(failure, UnavailableError) and f"worker of {TARGET}" in failure.message, failure
+            assert all(o == expected for o in asking.outputs)
 
             router_pid = up.child("specrouter.router")
             os.kill(router_pid, signal.SIGKILL)
