@@ -10,7 +10,9 @@ its batch drops it and goes on over the chains that remain, with no row lost, an
 without it until its worker answers again; requests that named a chain through it fail UNAVAILABLE. A
 failing target fails the rows of its batch only. A call that a worker refuses for some rows alone (a row
 past its context, a row its state lost, a token it cannot take) ends those requests alone: the others run
-the cycle again (it emitted nothing), or are prefilled again without them, with the same output.
+the cycle again (it emitted nothing), or are prefilled again without them, with the same output. A worker
+that runs out of memory in a cycle makes the batch smaller (`_shrink`): fewer rows, then a shorter window,
+then a shorter chain; its rows join again from their tokens, with the same output.
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ import queue
 import threading
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
 from specrouter.router.breakdown import CycleBreakdown
-from specrouter.router.chain import (FINISH_STOP, ChainBatch, CycleReport, Row, RowsFailed, WorkerCallFailed,
-                                     row_failure)
+from specrouter.router.chain import (FINISH_STOP, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, OutOfMemory, Row,
+                                     RowsFailed, WorkerCallFailed, out_of_memory, row_failure)
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.workers import Worker
@@ -105,6 +107,8 @@ class Batcher:
         self._inbox: queue.Queue[RequestHandle] = queue.Queue()
         self._batches: dict[tuple, ChainBatch] = {}
         self._handles: dict[str, RequestHandle] = {}
+        # rows that wait for room in their batch, bounded after a worker ran out of memory (oldest first)
+        self._waiting: dict[tuple, deque[tuple[RequestHandle, Row]]] = defaultdict(deque)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
 
@@ -136,16 +140,20 @@ class Batcher:
             for key, batch in list(self._batches.items()):
                 try:
                     self._drop_cancelled(batch)
+                    self._admit_waiting(key, batch)
                     if batch.rows:
                         self._cycle(key, batch)
                 except Exception as exc:  # noqa: BLE001 - a bug fails this batch's requests, not the router
                     log.exception("batch of chain %s failed", key[0])
                     self._fail_batch(batch, key[0] or (self.target,), exc)
-                if not batch.rows:
+                if not batch.rows and not self._waiting.get(key):
                     del self._batches[key]
-        for batch in self._batches.values():
+                    self._waiting.pop(key, None)
+        for key, batch in self._batches.items():
             for row in list(batch.rows.values()):
                 self._fail(batch, row.row_id, RuntimeError("the router is shutting down"))
+            for handle, _ in self._waiting.pop(key, ()):
+                handle.events.put(Failed(RuntimeError("the router is shutting down")))
 
     def _admit(self, block: bool) -> bool:
         """Prefills the requests waiting (waiting up to IDLE_WAIT_S for one if `block`); False if none were."""
@@ -171,6 +179,10 @@ class Batcher:
                                                        prompt_positions=self.prompt_positions)
         rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
                     h.request.max_new_tokens, self.stop_tokens) for h in group]
+        room = batch.room()
+        if room is not None and len(group) > room:   # the batch is bounded: the rest wait for room
+            self._waiting[key].extend(zip(group[room:], rows[room:]))
+            group, rows = group[:room], rows[:room]
         model_retry = True
         while group:
             for model in self.health.down():
@@ -259,6 +271,9 @@ class Batcher:
             self._fail_rows(exc, [self._handles.pop(r.row_id) for r in gone])
             return
         except WorkerCallFailed as exc:
+            if out_of_memory(exc.cause):
+                self._shrink(key, batch, chain, window, exc)
+                return
             if exc.model == self.target or exc.model not in batch.workers:
                 self._fail_batch(batch, chain, exc)
                 return
@@ -300,6 +315,72 @@ class Batcher:
             for row in gone:
                 handle = self._handles.pop(row.row_id)
                 handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))
+
+    def _shrink(self, key: tuple, batch: ChainBatch, chain: tuple[str, ...], window: int,
+                exc: WorkerCallFailed) -> None:
+        """A worker ran out of memory in the batch's cycle, which emitted nothing. The call may have stopped
+        half way through, so the rows leave every worker and join again from their tokens (the same output):
+        the batch is halved first (the rows that joined last wait for room), then, for one row, the window,
+        then the failing model leaves the batch's chains (not the target, nor a chain the requests named).
+        A row that does not fit even so ends RESOURCE_EXHAUSTED."""
+        rows = list(batch.rows.values())
+        drop = False
+        used = window or TARGET_ONLY_BLOCK
+        if batch.max_window is not None:
+            used = min(used, batch.max_window)
+        if len(rows) > 1:
+            batch.max_rows = len(rows) // 2
+            change = f"at most {batch.max_rows} rows"
+        elif used > 1:
+            batch.max_window = used // 2
+            change = f"a window of at most {batch.max_window}"
+        elif exc.model != self.target and exc.model in batch.workers and not (key[0] and exc.model in key[0]):
+            drop, change = True, f"chains without {exc.model}"
+        else:
+            self._fail_batch(batch, chain, OutOfMemory(
+                f"the worker of {exc.model} ran out of memory for this request alone ({len(rows[0].tokens)} "
+                f"tokens at a window of 1): send a shorter prompt or ask for fewer tokens ({exc.cause})"))
+            return
+        log.warning("the worker of %s ran out of memory at %d rows and a window of %d; the batch goes on with %s, "
+                    "its rows prefilled again", exc.model, len(rows), used, change)
+        handles = [self._handles.pop(r.row_id) for r in rows]
+        batch.remove([r.row_id for r in rows])   # on every worker, the one that failed included
+        if drop:
+            batch.drop_model(exc.model)
+        self._waiting[key].extendleft(reversed(list(zip(handles, rows))))
+
+    def _admit_waiting(self, key: tuple, batch: ChainBatch) -> None:
+        """Rows waiting for room in `batch` join it, as many as fit, the oldest first (prefilled from their
+        tokens: a row that ran before goes on where it stopped). A prefill that runs out of memory bounds the
+        batch further; one row that cannot be prefilled into an empty batch ends RESOURCE_EXHAUSTED."""
+        waiting = self._waiting.get(key)
+        if not waiting:
+            return
+        for pair in [p for p in waiting if p[0].cancelled.is_set()]:
+            waiting.remove(pair)
+            pair[0].events.put(Failed(CancelledError("request cancelled")))
+        room = batch.room()
+        take = [waiting.popleft() for _ in range(len(waiting) if room is None else min(room, len(waiting)))]
+        if not take:
+            return
+        handles, rows = [h for h, _ in take], [r for _, r in take]
+        try:
+            with self._span("prefill", handles, {"specrouter.rows": len(rows)}):
+                batch.add(rows)
+        except Exception as exc:  # noqa: BLE001 - these requests fail, or wait again for less
+            self._release(batch, rows)
+            if isinstance(exc, WorkerCallFailed) and out_of_memory(exc.cause) and (batch.rows or len(rows) > 1):
+                batch.max_rows = len(batch.rows) + len(rows) // 2
+                waiting.extendleft(reversed(take))
+                return
+            if isinstance(exc, WorkerCallFailed) and out_of_memory(exc.cause):
+                exc = OutOfMemory(f"the worker of {exc.model} ran out of memory for this request's prefill alone "
+                                  f"({len(rows[0].tokens)} tokens): send a shorter prompt ({exc.cause})")
+            for h in handles:
+                h.events.put(Failed(exc))
+            return
+        for h in handles:
+            self._handles[h.row_id] = h
 
     @staticmethod
     def _fail_rows(exc: RowsFailed, handles: list[RequestHandle]) -> None:

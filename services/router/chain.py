@@ -120,6 +120,20 @@ class RowsFailed(WorkerCallFailed):
         self.row_ids = tuple(row_ids)
 
 
+class OutOfMemory(RuntimeError):
+    """A worker ran out of memory for a batch that could not be made any smaller: its client gets
+    RESOURCE_EXHAUSTED."""
+
+
+def out_of_memory(cause: BaseException) -> bool:
+    """Whether a worker's error says it ran out of memory: RESOURCE_EXHAUSTED from a remote worker, the
+    allocator's own error (torch's OutOfMemoryError, MemoryError) from an engine in this process. Such a call
+    may have stopped half way through, so the rows' states on that worker are no longer known."""
+    if isinstance(cause, grpc.Call):
+        return cause.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    return isinstance(cause, MemoryError) or type(cause).__name__ == "OutOfMemoryError"
+
+
 class RowFailed(RuntimeError):
     """A request ended alone, by a fault of its own row; the rest of its batch went on. `code` is the gRPC
     status its client gets."""
@@ -177,6 +191,13 @@ class ChainBatch:
         self.prompt_positions = prompt_positions   # last prompt positions the models' guesses are compared on
         self.state_id = state_id or uuid.uuid4().hex
         self.rows: dict[str, Row] = {}
+        # bounds set when a worker ran out of memory on this batch (None: none)
+        self.max_rows: int | None = None
+        self.max_window: int | None = None
+
+    def room(self) -> int | None:
+        """How many more rows may join (None: no bound)."""
+        return None if self.max_rows is None else max(0, self.max_rows - len(self.rows))
 
     # -- rows joining and leaving --------------------------------------------------------------
 
@@ -268,6 +289,8 @@ class ChainBatch:
         room = max(0, min(self.context_length - len(r.tokens) - 1 for r in rows))
         if len(chain) == 1 and window == 0:   # no more tokens than the rows still want
             window = min(TARGET_ONLY_BLOCK, max(r.max_new_tokens - len(r.generated) for r in rows))
+        if self.max_window is not None:
+            window = min(window, self.max_window)
         # each intermediate level hands up one token more than it was given
         window = max(1, min(window, room - max(0, len(chain) - 2)))
         results: dict[str, StepResult] = {}

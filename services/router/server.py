@@ -16,7 +16,7 @@ from specrouter import serving
 from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
-from specrouter.router.chain import ChainBatch, CycleReport, Row, RowFailed, WorkerCallFailed
+from specrouter.router.chain import ChainBatch, CycleReport, OutOfMemory, Row, RowFailed, WorkerCallFailed
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.remote import RemoteWorker
@@ -47,7 +47,7 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, CancelledError):
         return grpc.StatusCode.CANCELLED, str(exc)
-    if isinstance(exc, Overloaded):
+    if isinstance(exc, (Overloaded, OutOfMemory)):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, ModelUnavailable):
         return grpc.StatusCode.UNAVAILABLE, str(exc)

@@ -32,6 +32,8 @@ MESSAGE_HEADROOM = 4 * 2**20
 
 def status_for(exc: Exception) -> grpc.StatusCode:
     """The one place where domain errors become gRPC status codes."""
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):   # the router makes the batch smaller
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, UnknownStateError):
         return grpc.StatusCode.NOT_FOUND
     if isinstance(exc, ContextLengthError):
@@ -50,6 +52,10 @@ def _handle(call: Callable[[], object], context: grpc.ServicerContext):
         code = status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("internal error")
+        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            log.warning("out of memory: %s", exc)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()   # the cached blocks of the failed call go back for the next one
         if getattr(exc, "row_ids", None):   # the engine's RowError: the other rows can go on without these
             context.set_trailing_metadata(protocol.failed_rows_to_metadata(exc.row_ids))
         context.abort(code, str(exc))
