@@ -1,4 +1,5 @@
-"""The bearer token on the router's public API.
+"""Who may talk to whom: the bearer token on the router's public API, and the router's TLS to its workers
+and the profiler.
 
 With a token configured, every call of RouterService must carry the metadata
 `authorization: Bearer <token>`; one without it, or with another token, ends UNAUTHENTICATED before
@@ -13,8 +14,8 @@ from collections.abc import Callable
 
 import grpc
 
-from specrouter.tls import CredentialsError
 from specrouter.router.settings import ENV_PREFIX, RouterSettings, setting_hint
+from specrouter.tls import ClientTLS, CredentialsError, setting_hint as tls_hint
 
 AUTHORIZATION = "authorization"   # gRPC metadata keys are lower case
 SCHEME = "bearer"
@@ -38,6 +39,15 @@ def load_token(settings: RouterSettings) -> str | None:
     if not token:
         raise CredentialsError(f"the token file {path}, given by {setting_hint('auth_token_file')}, is empty")
     return token
+
+
+def upstream_tls(settings: RouterSettings) -> ClientTLS | None:
+    """TLS to the workers and the profiler, from the `upstream_*` settings; None: plaintext."""
+    files = (settings.upstream_ca, settings.upstream_cert, settings.upstream_key)
+    if all(f is None for f in files):
+        return None
+    return ClientTLS.from_files(*files, names=tuple(tls_hint(RouterSettings, n)
+                                                    for n in ("upstream_ca", "upstream_cert", "upstream_key")))
 
 
 def bearer_token(metadata) -> str | None:

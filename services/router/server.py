@@ -13,7 +13,7 @@ from grpc_health.v1 import health
 from opentelemetry import trace
 
 from specrouter import serving
-from specrouter.tls import ClientTLS, ServerTLS, setting_hint
+from specrouter.tls import ClientTLS, ServerTLS
 from specrouter.router.auth import BearerTokenInterceptor
 from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
@@ -343,15 +343,6 @@ def create_server(settings: RouterSettings, router: Router, tls: ServerTLS | Non
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=True)
     return server, serving.listen(server, settings.host, settings.port, tls), health_servicer
-
-
-def upstream_tls(settings: RouterSettings) -> ClientTLS | None:
-    """TLS to the workers and the profiler, from the `upstream_*` settings; None: plaintext."""
-    files = (settings.upstream_ca, settings.upstream_cert, settings.upstream_key)
-    if all(f is None for f in files):
-        return None
-    return ClientTLS.from_files(*files, names=tuple(setting_hint(RouterSettings, n)
-                                                    for n in ("upstream_ca", "upstream_cert", "upstream_key")))
 
 
 def connect_workers(settings: RouterSettings, upstream: ClientTLS | None = None) -> dict[str, RemoteWorker]:

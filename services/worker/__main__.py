@@ -20,14 +20,13 @@ def parse_settings(argv: list[str] | None) -> WorkerSettings:
 
 def main(argv: list[str] | None = None) -> int:
     lifecycle.configure_logging()
-    from specrouter.worker import server as srv
-
     try:   # the TLS files are read before the model loads: a missing one stops the worker at once
         settings = parse_settings(argv)
         tls = server_tls(settings, mutual_only=True)
     except (ValidationError, CredentialsError) as exc:
         print(f"worker: {exc}", file=sys.stderr)
         return 2
+    from specrouter.worker import server as srv
 
     def open_worker() -> lifecycle.Running:
         from transformers.utils import logging as hf_logging

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from specrouter.router.auth import upstream_tls
 from specrouter.router.settings import RouterSettings
 from specrouter.tls import ClientTLS, ServerTLS, server_tls
 from specrouter.worker.settings import WorkerSettings
@@ -21,6 +22,8 @@ from tests.security.pki import PKI, make_pki
 
 DRAFTER, TARGET = "stdlib-1m", "stdlib-5m"
 TOKEN = "s3cret-token-for-tests"
+PROMPT = "def fibonacci(n):"
+REQUEST = dict(max_new_tokens=16, chain=f"{DRAFTER},{TARGET}", window=4)   # greedy: temperature 0
 
 
 @pytest.fixture(scope="package")
@@ -82,7 +85,7 @@ def router_server(workers: list[str], tls: ServerTLS | None = None, token: str |
 
     config = RouterSettings(workers=workers, tokenizer_dir=DEMO_POOL / TARGET, target=TARGET, host="127.0.0.1",
                             port=0, max_in_flight=4, max_queued=4, worker_timeout_s=10, **settings)
-    upstream = srv.upstream_tls(config)
+    upstream = upstream_tls(config)
     router = srv.Router(config, srv.connect_workers(config, upstream), upstream)
     router.start()
     server, port, _ = srv.create_server(config, router, tls, token)
@@ -103,3 +106,12 @@ def rpc_code(call) -> grpc.StatusCode:
     except grpc.RpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
+
+
+@pytest.fixture(scope="package")
+def plain_tokens(plain_workers) -> list[int]:
+    """The greedy tokens of PROMPT through a plaintext router over plaintext workers: what TLS must not change."""
+    from specrouter import Client
+
+    with router_server(plain_workers) as address, Client(address, timeout_s=60) as client:
+        return client.generate(PROMPT, **REQUEST).token_ids

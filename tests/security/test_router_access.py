@@ -20,10 +20,8 @@ from specrouter.launcher import ServiceProcess
 from specrouter.tls import ServerTLS, channel
 from specrouter.v1 import router_pb2, router_pb2_grpc
 from tests.conftest import DEMO_POOL
-from tests.security.conftest import DRAFTER, TARGET, TOKEN, router_server, rpc_code
+from tests.security.conftest import DRAFTER, PROMPT, REQUEST, TARGET, TOKEN, router_server, rpc_code
 
-PROMPT = "def fibonacci(n):"
-REQUEST = dict(max_new_tokens=16, chain=f"{DRAFTER},{TARGET}", window=4)   # greedy: temperature 0
 CLI_TIMEOUT_S = 120
 
 
@@ -32,23 +30,11 @@ def upstream(pki) -> dict:
 
 
 @pytest.fixture(scope="module")
-def plain_router(plain_workers) -> Iterator[str]:
-    with router_server(plain_workers) as address:
-        yield address
-
-
-@pytest.fixture(scope="module")
 def tls_router(pki, tls_workers) -> Iterator[str]:
     """TLS on its public side (no client certificate asked), a token, mutual TLS to its workers."""
     tls = ServerTLS(pki.server_cert.read_bytes(), pki.server_key.read_bytes())
     with router_server(tls_workers, tls, TOKEN, **upstream(pki)) as address:
         yield address
-
-
-@pytest.fixture(scope="module")
-def plain_tokens(plain_router) -> list[int]:
-    with Client(plain_router, timeout_s=60) as client:
-        return client.generate(PROMPT, **REQUEST).token_ids
 
 
 def test_tls_all_the_way_gives_the_plaintext_tokens(pki, tls_router, plain_tokens) -> None:
