@@ -163,6 +163,14 @@ def up(
     dtype: str = typer.Option("float32"),
     device: str = typer.Option("cpu"),
     log_dir: Path = typer.Option(Path(".cache/logs"), help="Each service's log file goes here."),
+    tls_ca: Path = typer.Option(None, "--tls-ca", help="With --tls-cert and --tls-key: TLS on every channel; "
+                                "the CA that signs the services' certificate (the workers and the profiler "
+                                "take only clients it signed)."),
+    tls_cert: Path = typer.Option(None, "--tls-cert", help="Certificate (PEM) every service serves with; it "
+                                  "must name 127.0.0.1 and allow client use (the router presents it too)."),
+    tls_key: Path = typer.Option(None, "--tls-key", help="The private key (PEM) of --tls-cert."),
+    auth_token_file: Path = typer.Option(None, help="File holding the bearer token the router requires (or set "
+                                         "SPECROUTER_ROUTER_AUTH_TOKEN)."),
 ) -> None:
     """Start the embedded default: a profiler, one worker per pool model and a router, on localhost.
 
@@ -171,8 +179,16 @@ def up(
     import signal
     import threading
 
-    from specrouter.launcher import LocalCluster, Supervisor
+    from specrouter.launcher import ClusterTLS, LocalCluster, Supervisor
     from specrouter.pool.manifest import PoolError
+
+    tls = None
+    if tls_ca or tls_cert or tls_key:
+        if not (tls_ca and tls_cert and tls_key):
+            fail("INVALID_ARGUMENT", "TLS for the cluster needs --tls-ca, --tls-cert and --tls-key together")
+        client_tls(tls_ca, tls_cert, tls_key)   # each file readable, before any service starts
+        tls = ClusterTLS(tls_ca.resolve(), tls_cert.resolve(), tls_key.resolve())
+    router_args = ["--auth-token-file", str(auth_token_file.resolve())] if auth_token_file else []
 
     setup_logging(False)
     stop = threading.Event()
@@ -181,7 +197,7 @@ def up(
     announce = lambda s: print(f"{s.name} up at {s.address}", flush=True)  # noqa: E731
     try:
         cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
-                               device=device, on_start=announce)
+                               device=device, on_start=announce, router_args=router_args, tls=tls)
     except (PoolError, RuntimeError) as exc:
         fail("FAILED_PRECONDITION", str(exc))
     print(f"router listening on {cluster.router.address}", flush=True)
