@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from specrouter.cli_support import (DEFAULT_ROUTER, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, client_tls, default_pool, fail,
-                                   quiet_transformers, router_client, setup_logging)
+from specrouter.cli_support import (DEFAULT_ROUTER, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, client_tls, default_pool,
+                                   fail, quiet_transformers, router_client, setup_logging)
 from specrouter.report import commands as report_commands
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)

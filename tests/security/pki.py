@@ -48,10 +48,12 @@ class Authority:
                 .sign(key, hashes.SHA256()))
         return cls(name, key, cert)
 
-    def issue(self, common_name: str, server: bool, client: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    def issue(self, common_name: str, server: bool, client: bool,
+              ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         """A leaf certificate; a server one names 127.0.0.1 and localhost."""
         key = ec.generate_private_key(ec.SECP256R1())
-        usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
+        usages = [oid for oid, wanted in ((ExtendedKeyUsageOID.SERVER_AUTH, server),
+                                          (ExtendedKeyUsageOID.CLIENT_AUTH, client)) if wanted]
         builder = (_builder(common_name, self.name, key.public_key())
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                    .add_extension(x509.ExtendedKeyUsage(usages), critical=False))

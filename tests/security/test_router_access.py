@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -139,12 +140,11 @@ def test_a_router_process_takes_its_token_from_the_environment(pki, tls_workers,
     command line, which every user of the machine can read."""
     args = ["--workers", ",".join(tls_workers), "--tokenizer-dir", str(DEMO_POOL / TARGET), "--target", TARGET,
             "--port", "0", "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
-            "--upstream-ca", str(pki.ca), "--upstream-cert", str(pki.client_cert), "--upstream-key", str(pki.client_key)]
+            "--upstream-ca", str(pki.ca), "--upstream-cert", str(pki.client_cert),
+            "--upstream-key", str(pki.client_key)]
     proc = ServiceProcess("specrouter.router", *args, log_dir=tmp_path, env={"SPECROUTER_ROUTER_AUTH_TOKEN": TOKEN})
     try:
-        command_line = (f"/proc/{proc.proc.pid}/cmdline")
-        with open(command_line, "rb") as f:
-            argv = f.read().decode().split("\0")
+        argv = Path(f"/proc/{proc.proc.pid}/cmdline").read_bytes().decode().split("\0")
         assert "--upstream-ca" in argv and not any(TOKEN in a for a in argv)
         tls = ClientTLS.from_files(pki.ca)
         with Client(proc.address, timeout_s=60, tls=tls, token=TOKEN) as client:
