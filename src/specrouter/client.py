@@ -216,7 +216,7 @@ def _chunk(m: pb.GenerateChunk) -> Chunk:
 
 class Client:
     """A router's API, blocking. `tls`: connect over TLS (else plaintext); `token` or `token_file`: the
-    bearer token every call carries (default: $SPECROUTER_TOKEN, if set)."""
+    bearer token every call carries (default: $SPECROUTER_TOKEN, if set; `token=""` sends none)."""
 
     def __init__(self, address: str, timeout_s: float | None = 300.0, *, tls: ClientTLS | None = None,
                  token: str | None = None, token_file: str | os.PathLike | None = None):
