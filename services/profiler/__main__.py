@@ -11,8 +11,10 @@ import sys
 from collections.abc import Sequence
 
 from grpc_health.v1 import health
+from pydantic import ValidationError
 
 from specrouter import lifecycle
+from specrouter.tls import CredentialsError, server_tls
 from specrouter.profiler.server import create_server, shutdown
 from specrouter.profiler.settings import ProfilerSettings
 from specrouter.profiler.store import open_store
@@ -29,6 +31,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="weight of the newest report in the latency and similarity EMAs")
     parser.add_argument("--acceptance-alpha", type=float, help="weight of the newest check in the acceptance EMAs")
     parser.add_argument("--key-prefix", help="prefix of the Redis keys")
+    parser.add_argument("--tls-cert", help="the profiler's TLS certificate chain (PEM); TLS needs --tls-client-ca")
+    parser.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    parser.add_argument("--tls-client-ca", help="the CA of the routers' client certificates (mutual TLS)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
 
@@ -36,12 +41,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     lifecycle.configure_logging(verbose=args.verbose)
-    settings = ProfilerSettings(**{k: v for k, v in vars(args).items() if k != "verbose" and v is not None})
+    try:   # the TLS files are read before the profiler starts: a missing one stops it here
+        settings = ProfilerSettings(**{k: v for k, v in vars(args).items() if k != "verbose" and v is not None})
+        tls = server_tls(settings, mutual_only=True)
+    except (ValidationError, CredentialsError) as exc:
+        print(f"profiler: {exc}", file=sys.stderr)
+        return 2
 
     def open_profiler() -> lifecycle.Running:
         store = open_store(settings)
         health_servicer = health.HealthServicer()
-        server, port = create_server(settings, store, health_servicer)
+        server, port = create_server(settings, store, health_servicer, tls)
         server.start()
         log.info("metrics %s, ema_alpha %g, acceptance_alpha %g",
                  "in memory" if settings.redis_url is None else f"in Redis under {settings.key_prefix!r}",

@@ -12,6 +12,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specrouter import serving
+from specrouter.tls import ServerTLS
 from specrouter.profiler import codec
 from specrouter.profiler.errors import domain_errors
 from specrouter.profiler.metrics import Update
@@ -37,16 +39,17 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
         return codec.snapshot_to_pb(self._metrics.snapshot())
 
 
-def create_server(settings: ProfilerSettings, store: MetricStore,
-                  health_servicer: health.HealthServicer | None = None) -> tuple[grpc.Server, int]:
-    """A profiler server bound to `settings.host:settings.port` (0: a free port), not started yet."""
+def create_server(settings: ProfilerSettings, store: MetricStore, health_servicer: health.HealthServicer | None = None,
+                  tls: ServerTLS | None = None) -> tuple[grpc.Server, int]:
+    """A profiler server bound to `settings.host:settings.port` (0: a free port; over TLS with `tls`), not
+    started yet."""
     health_servicer = health.HealthServicer() if health_servicer is None else health_servicer
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers))
     metrics = ResilientMetrics(store, settings.store_retry_s)
     profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(ProfilerServicer(metrics), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    port = serving.listen(server, settings.host, settings.port, tls)
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port

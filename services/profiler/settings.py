@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -32,3 +34,8 @@ class ProfilerSettings(BaseSettings):
     store_retry_s: float = Field(1.0, ge=0.0)
     max_workers: int = Field(8, ge=1, description="threads serving calls")
     grace_s: float = Field(5.0, ge=0.0, description="time calls in flight get to finish on shutdown")
+    # TLS (specrouter/tls.py): the profiler's certificate chain and key, and the CA of its clients' (the
+    # routers') certificates; with TLS on, only clients with such a certificate get in (mutual TLS)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None

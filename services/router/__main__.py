@@ -8,7 +8,9 @@ import sys
 from pydantic import ValidationError
 
 from specrouter import lifecycle
+from specrouter.router.auth import load_token, upstream_tls
 from specrouter.router.settings import RouterSettings
+from specrouter.tls import CredentialsError, server_tls
 
 
 def parse_settings(argv: list[str] | None) -> RouterSettings:
@@ -19,18 +21,22 @@ def parse_settings(argv: list[str] | None) -> RouterSettings:
 
 def main(argv: list[str] | None = None) -> int:
     lifecycle.configure_logging()
-    from specrouter.router import server as srv
-
     try:
         settings = parse_settings(argv)
     except ValidationError as exc:   # a limit that contradicts another, a value out of range
         print(f"router: invalid settings: {exc}", file=sys.stderr)
         return 2
+    try:   # the files are read before anything starts: a missing one stops the router here
+        tls, upstream, token = server_tls(settings), upstream_tls(settings), load_token(settings)
+    except CredentialsError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 2
+    from specrouter.router import server as srv
 
     def open_router() -> lifecycle.Running:
-        router = srv.Router(settings, srv.connect_workers(settings))
+        router = srv.Router(settings, srv.connect_workers(settings, upstream), upstream)
         router.start()
-        grpc_server, port, _ = srv.create_server(settings, router)
+        grpc_server, port, _ = srv.create_server(settings, router, tls, token)
         grpc_server.start()
 
         def close() -> None:

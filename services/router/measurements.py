@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import grpc
 from opentelemetry import context as otel_context
 
+from specrouter.tls import ClientTLS, channel
 from specrouter.profiler.metrics import AcceptanceRate, ForwardLatency, Mode, Similarity
 from specrouter.router.chain import CycleReport, Row
 from specrouter.router.scheduling.snapshot import Snapshot
@@ -67,9 +68,9 @@ def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportReq
 class Reporter:
     """Sends measurements to the profiler from a background thread; never blocks a cycle."""
 
-    def __init__(self, address: str | None, timeout_s: float = 2.0):
+    def __init__(self, address: str | None, timeout_s: float = 2.0, tls: ClientTLS | None = None):
         self._queue: queue.Queue[tuple[pb.ReportRequest, object] | None] = queue.Queue(QUEUE_LIMIT)
-        self._stub = profiler_pb2_grpc.ProfilerServiceStub(grpc.insecure_channel(address)) if address else None
+        self._stub = profiler_pb2_grpc.ProfilerServiceStub(channel(address, tls)) if address else None
         self._timeout_s = timeout_s
         self._thread = threading.Thread(target=self._run, name="profiler-reporter", daemon=True)
         self.dropped = 0
@@ -145,8 +146,9 @@ class SnapshotCache:
     """The profiler's latest snapshot, refreshed in the background so that decisions never wait on it, and
     decoded once per fetch (the scheduler takes a new object for a new snapshot)."""
 
-    def __init__(self, address: str | None, refresh_s: float = 1.0, timeout_s: float = 2.0):
-        self._stub = profiler_pb2_grpc.ProfilerServiceStub(grpc.insecure_channel(address)) if address else None
+    def __init__(self, address: str | None, refresh_s: float = 1.0, timeout_s: float = 2.0,
+                 tls: ClientTLS | None = None):
+        self._stub = profiler_pb2_grpc.ProfilerServiceStub(channel(address, tls)) if address else None
         self._refresh_s, self._timeout_s = refresh_s, timeout_s
         self._latest: Snapshot | None = None
         self._fetched_at = 0.0

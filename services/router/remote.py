@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from specrouter.tls import ClientTLS, channel as open_channel
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.v1 import worker_pb2_grpc
 from specrouter.worker import protocol
@@ -16,10 +17,11 @@ MAX_MESSAGE_BYTES = 256 * 2**20  # the worker enforces its own, smaller limit
 
 class RemoteWorker:
     remote = True   # its calls run in another process: calls to several workers may overlap
-    def __init__(self, address: str, channel: grpc.Channel | None = None, timeout_s: float = 60.0):
+    def __init__(self, address: str, channel: grpc.Channel | None = None, timeout_s: float = 60.0,
+                 tls: ClientTLS | None = None):
         self.address = address
-        self.channel = channel or grpc.insecure_channel(
-            address, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        self.channel = channel or open_channel(
+            address, tls, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                               ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
         self.timeout_s = timeout_s

@@ -13,6 +13,8 @@ from grpc_health.v1 import health
 from opentelemetry import trace
 
 from specrouter import serving
+from specrouter.tls import ClientTLS, ServerTLS
+from specrouter.router.auth import BearerTokenInterceptor
 from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
@@ -72,7 +74,7 @@ class Router:
     `start` starts them, `close` stops them in order: the batcher first, so no cycle runs against a part
     that has stopped."""
 
-    def __init__(self, settings: RouterSettings, workers: dict[str, RemoteWorker]):
+    def __init__(self, settings: RouterSettings, workers: dict[str, RemoteWorker], upstream: ClientTLS | None = None):
         self.settings = settings
         self.workers = workers
         self.tokenizer = load_tokenizer(settings.tokenizer_dir)
@@ -91,8 +93,8 @@ class Router:
         self.admission = Admission(settings.max_in_flight, settings.max_queued)
         default = parse_chain(settings.default_chain, self.by_size, self.target) if settings.default_chain else None
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
-        self.reporter = Reporter(settings.profiler or None)
-        self.metrics = SnapshotCache(settings.profiler or None, settings.snapshot_refresh_s)
+        self.reporter = Reporter(settings.profiler or None, tls=upstream)
+        self.metrics = SnapshotCache(settings.profiler or None, settings.snapshot_refresh_s, tls=upstream)
         warmup = {n: [(f.batch_size, f.tokens_per_row, f.forward_ns) for f in w.info.warmup_forwards]
                   for n, w in workers.items()}
         offline = load_similarity(settings.pool_dir) if settings.pool_dir else []
@@ -317,11 +319,16 @@ def _lenient(message_type):
     return parse
 
 
-def create_server(settings: RouterSettings, router: Router) -> tuple[grpc.Server, int, health.HealthServicer]:
+def create_server(settings: RouterSettings, router: Router, tls: ServerTLS | None = None, token: str | None = None,
+                  ) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """The router's server, bound (over TLS with `tls`), not started; with `token`, RouterService calls
+    must carry it (auth.py)."""
     threads = settings.server_threads()
     # every request generating or waiting holds a thread; calls beyond twice the threads are refused by
     # gRPC itself (RESOURCE_EXHAUSTED) rather than queued without bound in front of the threads
+    interceptors = [BearerTokenInterceptor(SERVICE_NAME, token)] if token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=2 * threads,
+                         interceptors=interceptors,
                          options=[("grpc.max_receive_message_length",
                                    max(GRPC_MESSAGE_BYTES, settings.max_prompt_bytes + REQUEST_OVERHEAD_BYTES))])
     servicer = RouterServicer(router)
@@ -335,13 +342,13 @@ def create_server(settings: RouterSettings, router: Router) -> tuple[grpc.Server
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=True)
-    return server, serving.listen(server, settings.host, settings.port), health_servicer
+    return server, serving.listen(server, settings.host, settings.port, tls), health_servicer
 
 
-def connect_workers(settings: RouterSettings) -> dict[str, RemoteWorker]:
+def connect_workers(settings: RouterSettings, upstream: ClientTLS | None = None) -> dict[str, RemoteWorker]:
     workers = {}
     for address in settings.workers:
-        w = RemoteWorker(address, timeout_s=settings.worker_timeout_s)
+        w = RemoteWorker(address, timeout_s=settings.worker_timeout_s, tls=upstream)
         if w.name in workers:
             raise PoolMismatch(f"two workers serve {w.name!r} ({workers[w.name].address} and {address})")
         workers[w.name] = w

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specrouter.router.scheduling.settings import SchedulerSettings
@@ -46,6 +47,23 @@ class RouterSettings(BaseSettings):
     worker_timeout_s: float = 60.0      # per worker RPC; also how long start-up waits for workers
     threads: int = Field(0, ge=0)       # server threads; 0: max_in_flight + max_queued + SPARE_THREADS
     grace_s: float = 10.0
+    # TLS on the public API (specrouter/tls.py): the router's certificate chain and key; with a client CA
+    # set, clients must present a certificate it signed (mutual TLS)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    # TLS to the workers and the profiler: the CA that signs their certificates, and the router's own
+    # client certificate and key, which they require once their TLS is on
+    upstream_ca: Path | None = None
+    upstream_cert: Path | None = None
+    upstream_key: Path | None = None
+    # A bearer token every RouterService call must carry (`authorization: Bearer <token>`; health and
+    # reflection stay open). From a file, or from SPECROUTER_ROUTER_AUTH_TOKEN: never a flag, which
+    # any user of the machine can read in the process list.
+    auth_token_file: Path | None = None
+    auth_token: SecretStr | None = None
+
+    env_only: ClassVar[frozenset[str]] = frozenset({"auth_token"})   # fields with no flag
 
     @model_validator(mode="after")
     def _limits_agree(self) -> RouterSettings:
@@ -57,6 +75,9 @@ class RouterSettings(BaseSettings):
         if self.threads and self.threads <= held:
             raise ValueError(f"threads ({self.threads}) must exceed max_in_flight + max_queued ({held}): each "
                              "request generating or waiting holds a thread; raise threads, or set 0 to size it")
+        if self.auth_token_file is not None and self.auth_token is not None:
+            raise ValueError(f"a bearer token is given twice, by {setting_hint('auth_token_file')} and by "
+                             f"{ENV_PREFIX}AUTH_TOKEN; keep one")
         return self
 
     def server_threads(self) -> int:

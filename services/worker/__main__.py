@@ -6,7 +6,10 @@ import logging
 import sys
 import threading
 
+from pydantic import ValidationError
+
 from specrouter import lifecycle
+from specrouter.tls import CredentialsError, server_tls
 from specrouter.worker.compute import ComputeLoop
 from specrouter.worker.settings import WorkerSettings
 
@@ -17,9 +20,13 @@ def parse_settings(argv: list[str] | None) -> WorkerSettings:
 
 def main(argv: list[str] | None = None) -> int:
     lifecycle.configure_logging()
+    try:   # the TLS files are read before the model loads: a missing one stops the worker at once
+        settings = parse_settings(argv)
+        tls = server_tls(settings, mutual_only=True)
+    except (ValidationError, CredentialsError) as exc:
+        print(f"worker: {exc}", file=sys.stderr)
+        return 2
     from specrouter.worker import server as srv
-
-    settings = parse_settings(argv)
 
     def open_worker() -> lifecycle.Running:
         from transformers.utils import logging as hf_logging
@@ -27,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
         engine, info = srv.build_engine(settings)
         compute = ComputeLoop()
-        grpc_server, port, health = srv.create_server(settings, engine, info, compute)
+        grpc_server, port, health = srv.create_server(settings, engine, info, compute, tls)
         grpc_server.start()
         srv.warm_up(engine, info, settings.profile_batch_sizes, settings.profile_tokens_per_row)
         srv.mark_serving(health, True)

@@ -12,6 +12,7 @@ import torch
 from grpc_health.v1 import health
 
 from specrouter import serving
+from specrouter.tls import ServerTLS
 from specrouter.pool.load import load_model, parse_dtype, tokenizer_fingerprint
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.v1 import worker_pb2_grpc
@@ -179,7 +180,8 @@ def warm_up(engine: WorkerEngine, info: pb.InfoResponse, batch_sizes: Sequence[i
 
 
 def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoResponse, compute: ComputeLoop,
-                  ) -> tuple[grpc.Server, int, health.HealthServicer]:
+                  tls: ServerTLS | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """The worker's server, bound (over TLS with `tls`), not started."""
     limit = message_limit(settings, engine.vocab)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.threads),
@@ -187,7 +189,7 @@ def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoR
     )
     server.add_generic_rpc_handlers((_lenient_handlers(WorkerServicer(engine, info, compute)),))
     health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=False)  # until warmed up
-    return server, serving.listen(server, settings.host, settings.port), health_servicer
+    return server, serving.listen(server, settings.host, settings.port, tls), health_servicer
 
 
 def mark_serving(health_servicer: health.HealthServicer, serving_now: bool) -> None:

@@ -23,6 +23,11 @@ class WorkerSettings(BaseSettings):
     threads: int = 16                   # gRPC handler threads (forward passes are serialised per model)
     torch_threads: int = 0              # PyTorch's intra-op threads on the CPU (0: PyTorch's default, one per core)
     grace_s: float = 10.0               # shutdown grace for in-flight calls
+    # TLS (specrouter/tls.py): the worker's certificate chain and key, and the CA of its clients' (the
+    # routers') certificates; with TLS on, only clients with such a certificate get in (mutual TLS)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
     # Warm-up latency profile, the scheduler's prior before live measurements: one forward per pair.
     profile_batch_sizes: list[int] = [1, 2, 4, 8, 16]
     profile_tokens_per_row: list[int] = [1, 2, 3, 4, 5, 7, 9]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from specrouter.cli_support import DEFAULT_ROUTER, default_pool, fail, quiet_transformers, setup_logging
+from specrouter.cli_support import (DEFAULT_ROUTER, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, client_tls, default_pool,
+                                   fail, quiet_transformers, router_client, setup_logging)
 from specrouter.report import commands as report_commands
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -61,6 +62,7 @@ def generate(
     in_process: bool = typer.Option(False, "--in-process", help="Run the pool in this process instead (no "
                                     "scheduler there: auto means the smallest model and the target, window 4)."),
     pool: Path = typer.Option(None, help="With --in-process: the pool directory."),
+    tls_ca: Path = TLS_CA, tls_cert: Path = TLS_CERT, tls_key: Path = TLS_KEY, token_file: Path = TOKEN_FILE,
 ) -> None:
     """Generate a continuation of PROMPT through a router (or the pool in this process)."""
     import json
@@ -73,11 +75,11 @@ def generate(
         result = _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k,
                                       repetition_penalty, seed, chain, window)
     else:
-        from specrouter.client import Client, SpecRouterError
+        from specrouter.client import SpecRouterError
 
         params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                       repetition_penalty=repetition_penalty, seed=seed, stop=stop, chain=chain, window=window)
-        with Client(router) as client:
+        with router_client(router, 300.0, tls_ca, tls_cert, tls_key, token_file) as client:
             try:
                 if as_json:
                     r = client.generate(prompt, **params)
@@ -133,13 +135,14 @@ def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k
 def models(
     router: str = typer.Option(DEFAULT_ROUTER, help="Router address HOST:PORT."),
     as_json: bool = typer.Option(False, "--json"),
+    tls_ca: Path = TLS_CA, tls_cert: Path = TLS_CERT, tls_key: Path = TLS_KEY, token_file: Path = TOKEN_FILE,
 ) -> None:
     """List the pool's models (name, parameters, role)."""
     import json
 
-    from specrouter.client import Client, SpecRouterError
+    from specrouter.client import SpecRouterError
 
-    with Client(router, timeout_s=30) as client:
+    with router_client(router, 30, tls_ca, tls_cert, tls_key, token_file) as client:
         try:
             found = client.models()
         except SpecRouterError as exc:
@@ -160,6 +163,14 @@ def up(
     dtype: str = typer.Option("float32"),
     device: str = typer.Option("cpu"),
     log_dir: Path = typer.Option(Path(".cache/logs"), help="Each service's log file goes here."),
+    tls_ca: Path = typer.Option(None, "--tls-ca", help="With --tls-cert and --tls-key: TLS on every channel; "
+                                "the CA that signs the services' certificate (the workers and the profiler "
+                                "take only clients it signed)."),
+    tls_cert: Path = typer.Option(None, "--tls-cert", help="Certificate (PEM) every service serves with; it "
+                                  "must name 127.0.0.1 and allow client use (the router presents it too)."),
+    tls_key: Path = typer.Option(None, "--tls-key", help="The private key (PEM) of --tls-cert."),
+    auth_token_file: Path = typer.Option(None, help="File holding the bearer token the router requires (or set "
+                                         "SPECROUTER_ROUTER_AUTH_TOKEN)."),
 ) -> None:
     """Start the embedded default: a profiler, one worker per pool model and a router, on localhost.
 
@@ -168,8 +179,16 @@ def up(
     import signal
     import threading
 
-    from specrouter.launcher import LocalCluster, Supervisor
+    from specrouter.launcher import ClusterTLS, LocalCluster, Supervisor
     from specrouter.pool.manifest import PoolError
+
+    tls = None
+    if tls_ca or tls_cert or tls_key:
+        if not (tls_ca and tls_cert and tls_key):
+            fail("INVALID_ARGUMENT", "TLS for the cluster needs --tls-ca, --tls-cert and --tls-key together")
+        client_tls(tls_ca, tls_cert, tls_key)   # each file readable, before any service starts
+        tls = ClusterTLS(tls_ca.resolve(), tls_cert.resolve(), tls_key.resolve())
+    router_args = ["--auth-token-file", str(auth_token_file.resolve())] if auth_token_file else []
 
     setup_logging(False)
     stop = threading.Event()
@@ -178,7 +197,7 @@ def up(
     announce = lambda s: print(f"{s.name} up at {s.address}", flush=True)  # noqa: E731
     try:
         cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
-                               device=device, on_start=announce)
+                               device=device, on_start=announce, router_args=router_args, tls=tls)
     except (PoolError, RuntimeError) as exc:
         fail("FAILED_PRECONDITION", str(exc))
     print(f"router listening on {cluster.router.address}", flush=True)
@@ -194,11 +213,12 @@ def healthcheck(
     address: str = typer.Argument(..., help="Server address HOST:PORT."),
     service: str = typer.Option("", help="Service name to ask about ('': the server as a whole)."),
     timeout: float = typer.Option(5.0, help="Seconds to wait for the answer."),
+    tls_ca: Path = TLS_CA, tls_cert: Path = TLS_CERT, tls_key: Path = TLS_KEY,
 ) -> None:
     """Exit 0 if the server at ADDRESS is SERVING on the standard gRPC health protocol, else 1 with why."""
     from specrouter.healthcheck import check
 
-    result = check(address, service, timeout)
+    result = check(address, service, timeout, client_tls(tls_ca, tls_cert, tls_key))
     typer.echo(result.reason, err=not result.serving)
     if not result.serving:
         raise typer.Exit(1)

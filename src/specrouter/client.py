@@ -6,18 +6,29 @@
         print(result.text, result.finish_reason, result.stats.cycles)
 
 Calls that find the router UNAVAILABLE are retried by gRPC's own retry policy (service config).
+
+A router with TLS and a bearer token (docs/deployment.md, "TLS and tokens"):
+
+    from specrouter import Client, ClientTLS
+    tls = ClientTLS.from_files(ca="ca.pem")    # and cert=, key= where the router requires mutual TLS
+    with Client("router.example:50051", tls=tls, token_file="router.token") as client: ...
+
+Without `token` or `token_file`, the token is the SPECROUTER_TOKEN environment variable's, if set.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import grpc.aio
 from google.protobuf.descriptor import FieldDescriptor
 
+from specrouter.tls import ClientTLS, CredentialsError, aio_channel, channel
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
 
@@ -30,6 +41,7 @@ RETRY_POLICY = {
     }]
 }
 CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(RETRY_POLICY))]
+TOKEN_ENV = "SPECROUTER_TOKEN"
 
 
 class SpecRouterError(Exception):
@@ -61,10 +73,16 @@ class OverloadedError(SpecRouterError):
     or to another router."""
 
 
+class UnauthenticatedError(SpecRouterError):
+    """The router wants a bearer token and got none, or another one (UNAUTHENTICATED): pass `token=` or
+    `token_file=`, or set SPECROUTER_TOKEN."""
+
+
 _ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError, grpc.StatusCode.OUT_OF_RANGE: InvalidRequestError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError, grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.CANCELLED: CancelledError, grpc.StatusCode.RESOURCE_EXHAUSTED: OverloadedError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 
@@ -167,6 +185,26 @@ def _request(prompt: str, max_new_tokens: int | None = None, temperature: float 
     return request
 
 
+def resolve_token(token: str | None = None, token_file: str | os.PathLike | None = None) -> str | None:
+    """The bearer token to send: `token`, else what `token_file` holds, else $SPECROUTER_TOKEN, else None (no
+    token sent); surrounding whitespace (a file's last newline) is not part of it."""
+    if token is None and token_file is not None:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CredentialsError(f"cannot read the token file {token_file}: {getattr(exc, 'strerror', None) or exc}"
+                                 ) from None
+        if not token.strip():
+            raise CredentialsError(f"the token file {token_file} is empty")
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    return token.strip() if token is not None else None
+
+
+def _metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", f"Bearer {token}"),) if token else None
+
+
 def _result(m: pb.GenerateResponse) -> GenerationResult:
     return GenerationResult(m.text, list(m.token_ids), m.finish_reason, GenerationStats.from_pb(m.stats))
 
@@ -177,27 +215,34 @@ def _chunk(m: pb.GenerateChunk) -> Chunk:
 
 
 class Client:
-    def __init__(self, address: str, timeout_s: float | None = 300.0):
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    """A router's API, blocking. `tls`: connect over TLS (else plaintext); `token` or `token_file`: the
+    bearer token every call carries (default: $SPECROUTER_TOKEN, if set; `token=""` sends none)."""
+
+    def __init__(self, address: str, timeout_s: float | None = 300.0, *, tls: ClientTLS | None = None,
+                 token: str | None = None, token_file: str | os.PathLike | None = None):
+        self.channel = channel(address, tls, options=CHANNEL_OPTIONS)
         self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
         self.timeout_s = timeout_s
+        self._metadata = _metadata(resolve_token(token, token_file))
 
     def generate(self, prompt: str, **params) -> GenerationResult:
         try:
-            return _result(self.stub.Generate(_request(prompt, **params), timeout=self.timeout_s))
+            return _result(self.stub.Generate(_request(prompt, **params), timeout=self.timeout_s,
+                                              metadata=self._metadata))
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
     def generate_stream(self, prompt: str, **params) -> Iterator[Chunk]:
         try:
-            for m in self.stub.GenerateStream(_request(prompt, **params), timeout=self.timeout_s):
+            for m in self.stub.GenerateStream(_request(prompt, **params), timeout=self.timeout_s,
+                                              metadata=self._metadata):
                 yield _chunk(m)
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
     def models(self) -> list[ModelInfo]:
         try:
-            reply = self.stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout_s)
+            reply = self.stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return [ModelInfo(m.name, m.parameters, m.role, m.address) for m in reply.models]
@@ -213,20 +258,26 @@ class Client:
 
 
 class AsyncClient:
-    def __init__(self, address: str, timeout_s: float | None = 300.0):
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    """`Client` for asyncio, with the same `tls`, `token` and `token_file`."""
+
+    def __init__(self, address: str, timeout_s: float | None = 300.0, *, tls: ClientTLS | None = None,
+                 token: str | None = None, token_file: str | os.PathLike | None = None):
+        self.channel = aio_channel(address, tls, options=CHANNEL_OPTIONS)
         self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
         self.timeout_s = timeout_s
+        self._metadata = _metadata(resolve_token(token, token_file))
 
     async def generate(self, prompt: str, **params) -> GenerationResult:
         try:
-            return _result(await self.stub.Generate(_request(prompt, **params), timeout=self.timeout_s))
+            return _result(await self.stub.Generate(_request(prompt, **params), timeout=self.timeout_s,
+                                                    metadata=self._metadata))
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
     async def generate_stream(self, prompt: str, **params) -> AsyncIterator[Chunk]:
         try:
-            async for m in self.stub.GenerateStream(_request(prompt, **params), timeout=self.timeout_s):
+            async for m in self.stub.GenerateStream(_request(prompt, **params), timeout=self.timeout_s,
+                                                    metadata=self._metadata):
                 yield _chunk(m)
         except grpc.RpcError as exc:
             raise _error(exc) from None

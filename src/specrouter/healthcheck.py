@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specrouter.tls import ClientTLS, channel as open_channel
+
 DEFAULT_TIMEOUT_S = 5.0
 
 
@@ -21,10 +23,12 @@ class Health:
     reason: str   # one line: "SERVING", or why not
 
 
-def check(address: str, service: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> Health:
-    """Asks `address` (HOST:PORT) for the status of `service` ('' is the server as a whole)."""
+def check(address: str, service: str = "", timeout_s: float = DEFAULT_TIMEOUT_S, tls: ClientTLS | None = None,
+          ) -> Health:
+    """Asks `address` (HOST:PORT) for the status of `service` ('' is the server as a whole); over TLS with
+    `tls` (a worker or profiler with TLS on wants a client certificate too)."""
     what = f"service {service!r} at {address}" if service else address
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

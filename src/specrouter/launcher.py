@@ -216,6 +216,25 @@ DRAFTER_CPU_THREADS = 1  # PyTorch threads of a worker other than the target's w
 CPU_SPINCOUNT = "20000"
 
 
+@dataclass(frozen=True)
+class ClusterTLS:
+    """TLS for a local cluster from one CA and one certificate: every service serves with the certificate
+    (it must name the host the services listen on, 127.0.0.1), the workers and the profiler take only
+    clients signed by `ca` (mutual TLS), and the router presents the same certificate to them (so it must
+    allow client use as well as server use). The router's public side asks clients for no certificate."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def server_args(self, mutual: bool) -> list[str]:
+        args = ["--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+        return args + (["--tls-client-ca", str(self.ca)] if mutual else [])
+
+    def upstream_args(self) -> list[str]:
+        return ["--upstream-ca", str(self.ca), "--upstream-cert", str(self.cert), "--upstream-key", str(self.key)]
+
+
 class LocalCluster:
     """The embedded default: a profiler, one worker per pool model and a router, on localhost.
 
@@ -226,29 +245,36 @@ class LocalCluster:
     the target needs slow every forward pass of the target down. For the same reason their idle
     OpenMP threads stop spinning soon after a forward pass (CPU_SPINCOUNT), unless the caller's
     environment sets GOMP_SPINCOUNT itself.
+
+    With `tls` every channel runs over TLS (ClusterTLS). A router token travels in the environment
+    (SPECROUTER_ROUTER_AUTH_TOKEN, in `env` or inherited) or as a file (`--auth-token-file` in
+    `router_args`), never as a command-line value.
     """
 
     def __init__(self, pool_dir: Path, log_dir: Path, port: int = 0, redis_url: str | None = None,
                  dtype: str = "float32", device: str = "cpu", env: dict[str, str] | None = None,
-                 on_start=None, router_args: list[str] | None = None):
+                 on_start=None, router_args: list[str] | None = None, tls: ClusterTLS | None = None):
         from specrouter.pool.load import PoolDir
 
         pool = PoolDir.open(pool_dir)
         self.services: list[ServiceProcess] = []
         say = on_start or (lambda _s: None)
         try:
-            profiler_args = ["--host", "127.0.0.1", "--port", "0"] + (["--redis-url", redis_url] if redis_url else [])
+            server_tls = tls.server_args(mutual=True) if tls else []
+            profiler_args = (["--host", "127.0.0.1", "--port", "0"] + (["--redis-url", redis_url] if redis_url else [])
+                             + server_tls)
             self.profiler = self._start("specrouter.profiler", profiler_args, log_dir, env, "profiler", say)
             spin = device == "cpu" and "GOMP_SPINCOUNT" not in os.environ
             worker_env = {"GOMP_SPINCOUNT": CPU_SPINCOUNT, **(env or {})} if spin else env
             workers = [self._start("specrouter.worker", ["--model-dir", str(pool.model_dir(n)), "--name", n,
                                                          "--dtype", dtype, "--device", device,
-                                                         *self._thread_args(n, pool.target, device)],
+                                                         *self._thread_args(n, pool.target, device), *server_tls],
                                    log_dir, worker_env, f"worker-{n}", say) for n in pool.names]
             self.router = self._start("specrouter.router", [
                 "--workers", ",".join(w.address for w in workers), "--tokenizer-dir", str(pool.model_dir(pool.target)),
                 "--target", pool.target, "--profiler", self.profiler.address, "--port", str(port),
-                "--pool-dir", str(pool_dir), *(router_args or [])],
+                "--pool-dir", str(pool_dir), *(tls.server_args(mutual=False) + tls.upstream_args() if tls else []),
+                *(router_args or [])],
                 log_dir, env, "router", say)
         except BaseException:
             self.stop()

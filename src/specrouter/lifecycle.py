@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,12 +38,20 @@ def settings_from_flags(settings_type: type[S], argv: Sequence[str] | None, prog
                         convert: Mapping[str, Callable[[str], Any]] | None = None) -> S:
     """One flag per settings field (`--tokenizer-dir` sets `tokenizer_dir`). A flag given overrides the
     field's environment variable, which overrides the default; `convert` turns a flag's text into what
-    the field takes where pydantic would not (a list, a nested object)."""
+    the field takes where pydantic would not (a list, a nested object). Fields the settings class names in
+    `env_only` (a secret: flags show in the process list) get no flag."""
     prefix = settings_type.model_config.get("env_prefix", "")
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    for name in settings_type.model_fields:
+    env_only = getattr(settings_type, "env_only", frozenset())
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
+    for name in (n for n in settings_type.model_fields if n not in env_only):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                             help=f"(env {prefix}{name.upper()})")
+    for name in env_only:   # refused before argparse would echo the value in its error
+        flag = "--" + name.replace("_", "-")
+        if any(a == flag or a.startswith(flag + "=") for a in (sys.argv[1:] if argv is None else argv)):
+            parser.error(f"{flag} is not a flag: a flag's value shows in the process list; set {prefix}{name.upper()}"
+                         + (f" or --{name.replace('_', '-')}-file" if f"{name}_file" in settings_type.model_fields
+                            else ""))
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     for name, parse in (convert or {}).items():
         if name in given:

@@ -1,10 +1,13 @@
-"""What every SpecRouter gRPC server carries: the standard health service, reflection, a bound port."""
+"""What every SpecRouter gRPC server carries: the standard health service, reflection, a bound port
+(in plaintext, or over TLS: `tls.py`)."""
 
 from __future__ import annotations
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from specrouter.tls import ServerTLS
 
 
 def add_health_and_reflection(server: grpc.Server, service_name: str, serving: bool) -> health.HealthServicer:
@@ -21,9 +24,10 @@ def set_serving(health_servicer: health.HealthServicer, service_name: str, servi
         health_servicer.set(name, status)
 
 
-def listen(server: grpc.Server, host: str, port: int) -> int:
-    """Binds host:port (0: a free port) and returns the port."""
-    bound = server.add_insecure_port(f"{host}:{port}")
+def listen(server: grpc.Server, host: str, port: int, tls: ServerTLS | None = None) -> int:
+    """Binds host:port (0: a free port), over TLS with `tls`, else in plaintext, and returns the port."""
+    address = f"{host}:{port}"
+    bound = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls.credentials())
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise OSError(f"cannot listen on {address}")
     return bound

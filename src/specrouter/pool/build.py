@@ -82,7 +82,7 @@ def build_pool(out: Path, work: Path, plan: BuildPlan, progress_factory) -> None
     streams = work / "streams.pt"
     if not streams.exists():
         torch.save({"train": encode_files(tokenizer, train_files), "heldout": encode_files(tokenizer, heldout_files)}, streams)
-    data = torch.load(streams)
+    data = torch.load(streams, weights_only=True)   # tensors only: a pickle runs no code
     train_stream, heldout_stream = data["train"], data["heldout"]
     log.info("tokens: %d train, %d held out", train_stream.numel(), heldout_stream.numel())
 

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specrouter.pool.manifest import PoolError, PoolManifest
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -35,9 +36,17 @@ def tokenizer_fingerprint(model_dir: Path) -> str:
 
 
 def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> PreTrainedModel:
+    """The checkpoint's model, from safetensors weights only: a pickle file (`pytorch_model.bin`, `.pt`) can
+    run code when it is loaded, so a directory without safetensors is refused; and no model code from
+    the checkpoint runs (the Auto classes' built-in architectures only)."""
     if not (model_dir / "config.json").exists():
         raise PoolError(f"{model_dir} is not a Hugging Face checkpoint (no config.json)")
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    if not any(model_dir.glob("*.safetensors")):
+        pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        found = f" (it has {', '.join(pickles)}: pickle files, which are never loaded)" if pickles else ""
+        raise PoolError(f"{model_dir} has no safetensors weights{found}; SpecRouter loads model.safetensors "
+                        "only: convert the checkpoint, e.g. save_pretrained(..., safe_serialization=True)")
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, use_safetensors=True).to(device).eval()
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
