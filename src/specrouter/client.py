@@ -69,8 +69,8 @@ class CancelledError(SpecRouterError):
 
 
 class OverloadedError(SpecRouterError):
-    """The router's line of waiting requests is full (RESOURCE_EXHAUSTED): nothing ran; send it again later,
-    or to another router."""
+    """RESOURCE_EXHAUSTED: the router's line of waiting requests is full (nothing ran; send it again later, or
+    to another router), or a worker ran out of memory for this request alone (send less)."""
 
 
 class UnauthenticatedError(SpecRouterError):
