@@ -7,7 +7,7 @@ import sys
 
 from pydantic import ValidationError
 
-from specrouter import lifecycle
+from specrouter import lifecycle, prometheus
 from specrouter.router.settings import RouterSettings
 
 
@@ -32,12 +32,16 @@ def main(argv: list[str] | None = None) -> int:
         router.start()
         grpc_server, port, _ = srv.create_server(settings, router)
         grpc_server.start()
+        metrics = prometheus.serve_metrics(router.prometheus.registry, settings.host, settings.metrics_port)
 
         def close() -> None:
             grpc_server.stop(settings.grace_s).wait()
             router.close()
+            if metrics is not None:
+                metrics.close()
 
-        return lifecycle.Running(f"router listening on {settings.host}:{port}", close)
+        return lifecycle.Running(f"router listening on {settings.host}:{port}", close,
+                                 metrics=prometheus.metrics_line("router", metrics))
 
     try:
         return lifecycle.serve("specrouter-router", open_router)

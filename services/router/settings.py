@@ -46,6 +46,7 @@ class RouterSettings(BaseSettings):
     worker_timeout_s: float = 60.0      # per worker RPC; also how long start-up waits for workers
     threads: int = Field(0, ge=0)       # server threads; 0: max_in_flight + max_queued + SPARE_THREADS
     grace_s: float = 10.0
+    metrics_port: int = Field(0, ge=-1)   # Prometheus /metrics over HTTP on `host`; 0 picks a free port, -1: none
 
     @model_validator(mode="after")
     def _limits_agree(self) -> RouterSettings:
