@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from grpc_health.v1 import health
 
-from specrouter import lifecycle
+from specrouter import lifecycle, prometheus
+from specrouter.profiler.prometheus import ProfilerMetrics
 from specrouter.profiler.server import create_server, shutdown
 from specrouter.profiler.settings import ProfilerSettings
 from specrouter.profiler.store import open_store
@@ -29,6 +30,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="weight of the newest report in the latency and similarity EMAs")
     parser.add_argument("--acceptance-alpha", type=float, help="weight of the newest check in the acceptance EMAs")
     parser.add_argument("--key-prefix", help="prefix of the Redis keys")
+    parser.add_argument("--metrics-port", type=int,
+                        help="port of the Prometheus /metrics endpoint (0: a free one; -1: none)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
 
@@ -41,8 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def open_profiler() -> lifecycle.Running:
         store = open_store(settings)
         health_servicer = health.HealthServicer()
-        server, port = create_server(settings, store, health_servicer)
+        exported = ProfilerMetrics()
+        server, port = create_server(settings, store, health_servicer, exported)
         server.start()
+        endpoint = prometheus.serve_metrics(exported.registry, settings.host, settings.metrics_port)
         log.info("metrics %s, ema_alpha %g, acceptance_alpha %g",
                  "in memory" if settings.redis_url is None else f"in Redis under {settings.key_prefix!r}",
                  settings.ema_alpha, settings.acceptance_alpha)
@@ -51,8 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("shutting down (grace %.1f s)", settings.grace_s)
             shutdown(server, health_servicer, settings.grace_s)
             store.close()
+            if endpoint is not None:
+                endpoint.close()
 
-        return lifecycle.Running(f"profiler listening on {settings.host}:{port}", close)
+        return lifecycle.Running(f"profiler listening on {settings.host}:{port}", close,
+                                 metrics=prometheus.metrics_line("profiler", endpoint))
 
     return lifecycle.serve("specrouter-profiler", open_profiler)
 

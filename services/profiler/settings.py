@@ -32,3 +32,5 @@ class ProfilerSettings(BaseSettings):
     store_retry_s: float = Field(1.0, ge=0.0)
     max_workers: int = Field(8, ge=1, description="threads serving calls")
     grace_s: float = Field(5.0, ge=0.0, description="time calls in flight get to finish on shutdown")
+    metrics_port: int = Field(0, ge=-1, le=65535, description="Prometheus /metrics over HTTP on `host`; 0 picks "
+                              "a free port, -1 serves none")
