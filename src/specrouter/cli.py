@@ -175,7 +175,11 @@ def up(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    announce = lambda s: print(f"{s.name} up at {s.address}", flush=True)  # noqa: E731
+    def announce(service) -> None:
+        print(f"{service.name} up at {service.address}", flush=True)
+        if service.metrics_url:
+            print(f"{service.name} metrics at {service.metrics_url}", flush=True)
+
     try:
         cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
                                device=device, on_start=announce)
