@@ -164,7 +164,8 @@ def up(
     """Start the embedded default: a profiler, one worker per pool model and a router, on localhost.
 
     A service that exits is started again on its port after a backoff (0.5 s, doubling to 30 s); the log
-    says which, its exit code and the end of its log file. Ctrl-C or SIGTERM stops every service."""
+    says which, its exit code and the end of its log file. Ctrl-C or SIGTERM stops every service. Each
+    service serves Prometheus metrics on a free port: `NAME metrics at URL` says where."""
     import signal
     import threading
 
