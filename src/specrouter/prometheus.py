@@ -46,7 +46,13 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsE
     if port < 0:
         return None
     bind = host.strip("[]")   # gRPC's "[::]" is the socket's "::"
-    server, thread = start_http_server(port, addr=bind, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=bind, registry=registry)
+    except OSError:
+        if bind != "::":
+            raise
+        bind = "0.0.0.0"   # a host without IPv6: every IPv4 interface, as gRPC does for "[::]"
+        server, thread = start_http_server(port, addr=bind, registry=registry)
     bound = server.server_port
     shown = f"[{bind}]" if ":" in bind else bind
 
