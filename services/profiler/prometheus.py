@@ -25,6 +25,12 @@ class ProfilerMetrics:
                                 "since it last answered (the age of the snapshots served); 0 while it answers",
                                 registry=r)
         self._store_up.set(1)
+        for outcome in ("stored", "dropped"):   # every series from the start, at 0: rates need no gap filling
+            self.reports.labels(outcome)
+        for kind in ("forward", "acceptance", "similarity"):
+            self.measurements.labels(kind)
+        for freshness in ("fresh", "stale"):
+            self.snapshots.labels(freshness)
 
     def watch(self, metrics: ResilientMetrics) -> None:
         """Reads the store's state from `metrics` at each scrape."""

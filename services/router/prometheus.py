@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from specrouter.prometheus import LATENCY_BUCKETS_S, RpcMetrics, new_registry
 from specrouter.router.admission import Admission
-from specrouter.router.chain import CycleReport, Row
+from specrouter.router.chain import FINISH_LENGTH, FINISH_STOP, CycleReport, Row
 from specrouter.router.measurements import acceptance_counts
 from specrouter.router.scheduling.cycle_cost import Prediction
 
@@ -32,6 +32,8 @@ class RouterMetrics:
                               registry=r)
         self.finished = Counter("specrouter_router_requests_finished", "Requests that ran to their end, by "
                                 "finish reason (stop: EOS or a stop string; length)", ["finish_reason"], registry=r)
+        for reason in (FINISH_STOP, FINISH_LENGTH):   # every series from the start, at 0
+            self.finished.labels(reason)
         self.cycles = Counter("specrouter_router_cycles", "Cycles run, by chain and draft window (0 for the "
                               "target alone, which samples its own block of tokens)", ["chain", "window"], registry=r)
         self.accepted = Counter("specrouter_router_accepted_tokens", "Draft tokens a verifier accepted, by pair, "

@@ -11,6 +11,8 @@ from specrouter.prometheus import LATENCY_BUCKETS_S, RpcMetrics, new_registry
 from specrouter.worker.calls import ForwardTiming
 from specrouter.worker.engine import WorkerEngine
 
+OPERATIONS = ("prefill", "draft", "verify")
+
 
 class WorkerMetrics:
     def __init__(self, engine: WorkerEngine, labels: dict[str, str], registry: CollectorRegistry | None = None):
@@ -25,6 +27,8 @@ class WorkerMetrics:
         self.forward_seconds = Histogram("specrouter_worker_forward_duration_seconds", "One forward pass of the "
                                          "model, by the operation it served (prefill, draft, verify)", ["operation"],
                                          buckets=LATENCY_BUCKETS_S, registry=r)
+        for operation in OPERATIONS:   # every series from the start, empty
+            self.forward_seconds.labels(operation)
 
     def observe_forwards(self, operation: str, timings: Sequence[ForwardTiming]) -> None:
         for t in timings:

@@ -51,6 +51,14 @@ def test_services_in_one_process_keep_their_series_apart():
     assert REGISTRY.get_sample_value("specrouter_router_generated_tokens_total") is None
 
 
+def test_series_of_known_labels_exist_before_anything_happened():
+    samples = ProfilerMetrics().registry.get_sample_value
+    assert samples("specrouter_profiler_reports_total", {"outcome": "stored"}) == 0
+    assert samples("specrouter_profiler_snapshots_total", {"freshness": "stale"}) == 0
+    router = RouterMetrics(Admission(4, 4)).registry.get_sample_value
+    assert router("specrouter_router_requests_finished_total", {"finish_reason": "length"}) == 0
+
+
 def test_in_flight_and_queued_are_read_from_admission_at_each_scrape():
     admission = Admission(max_in_flight=1, max_queued=4)
     metrics = RouterMetrics(admission)
