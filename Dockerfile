@@ -39,7 +39,7 @@ COPY --from=build /opt/specrouter /opt/specrouter
 COPY models/demo-pool /models/demo-pool
 USER ${UID}:${UID}
 WORKDIR /tmp
-# gRPC: router 50051, worker 50052, profiler 50053
-EXPOSE 50051 50052 50053
+# gRPC: router 50051, worker 50052, profiler 50053; Prometheus metrics (compose, k8s: --metrics-port 9464)
+EXPOSE 50051 50052 50053 9464
 ENTRYPOINT ["specrouter"]
 CMD ["--help"]

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from grpc_health.v1 import health
 from pydantic import ValidationError
 
-from specrouter import lifecycle
+from specrouter import lifecycle, prometheus
+from specrouter.profiler.prometheus import ProfilerMetrics
 from specrouter.tls import CredentialsError, server_tls
 from specrouter.profiler.server import create_server, shutdown
 from specrouter.profiler.settings import ProfilerSettings
@@ -34,6 +35,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tls-cert", help="the profiler's TLS certificate chain (PEM); TLS needs --tls-client-ca")
     parser.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
     parser.add_argument("--tls-client-ca", help="the CA of the routers' client certificates (mutual TLS)")
+    parser.add_argument("--metrics-port", type=int,
+                        help="port of the Prometheus /metrics endpoint (0: a free one; -1: none)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
 
@@ -51,8 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def open_profiler() -> lifecycle.Running:
         store = open_store(settings)
         health_servicer = health.HealthServicer()
-        server, port = create_server(settings, store, health_servicer, tls)
+        exported = ProfilerMetrics()
+        server, port = create_server(settings, store, health_servicer, tls, exported)
         server.start()
+        endpoint = prometheus.serve_metrics(exported.registry, settings.host, settings.metrics_port)
         log.info("metrics %s, ema_alpha %g, acceptance_alpha %g",
                  "in memory" if settings.redis_url is None else f"in Redis under {settings.key_prefix!r}",
                  settings.ema_alpha, settings.acceptance_alpha)
@@ -61,8 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("shutting down (grace %.1f s)", settings.grace_s)
             shutdown(server, health_servicer, settings.grace_s)
             store.close()
+            if endpoint is not None:
+                endpoint.close()
 
-        return lifecycle.Running(f"profiler listening on {settings.host}:{port}", close)
+        return lifecycle.Running(f"profiler listening on {settings.host}:{port}", close,
+                                 metrics=prometheus.metrics_line("profiler", endpoint))
 
     return lifecycle.serve("specrouter-profiler", open_profiler)
 

@@ -48,6 +48,7 @@ class ResilientMetrics:
         self._lock = threading.Lock()
         self._last, self._last_at = MetricsSnapshot(), clock()
         self._down_since: float | None = None
+        self._answered_at = clock()   # the store's last answer (read or write)
         self._failed_at = self._logged_at = -math.inf
         self._dropped = self._dropped_in_outage = 0
 
@@ -79,6 +80,11 @@ class ResilientMetrics:
             age_ms = round((self._clock() - self._last_at) * 1000)
             return SnapshotView(self._last, True, age_ms, self._store.constants, self._dropped)
 
+    def store_down_s(self) -> float | None:
+        """While the store is down, seconds since it last answered (the age of what snapshots serve); else None."""
+        with self._lock:
+            return None if self._down_since is None else self._clock() - self._answered_at
+
     def _may_try(self) -> bool:
         with self._lock:
             return self._clock() - self._failed_at >= self._retry_s
@@ -93,6 +99,7 @@ class ResilientMetrics:
 
     def _succeeded(self) -> None:
         with self._lock:
+            self._answered_at = self._clock()
             if self._down_since is None:
                 return
             log.warning("metric store is back after %.1f s; %d report(s) were dropped while it was down",

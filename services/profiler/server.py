@@ -17,6 +17,7 @@ from specrouter.tls import ServerTLS
 from specrouter.profiler import codec
 from specrouter.profiler.errors import domain_errors
 from specrouter.profiler.metrics import Update
+from specrouter.profiler.prometheus import ProfilerMetrics
 from specrouter.profiler.resilient import ResilientMetrics
 from specrouter.profiler.settings import ProfilerSettings
 from specrouter.profiler.store import MetricStore
@@ -27,26 +28,37 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ProfilerService"].full_name
 
 
 class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
-    def __init__(self, metrics: ResilientMetrics):
+    def __init__(self, metrics: ResilientMetrics, exported: ProfilerMetrics | None = None):
         self._metrics = metrics
+        self._exported = exported   # the Prometheus metrics, if any
 
     def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
         with domain_errors(context):
             updates = [Update.of(sample) for sample in codec.samples_from_pb(request)]
-        return pb.ReportResponse(stored=self._metrics.report(updates))
+        stored = self._metrics.report(updates)
+        if self._exported is not None:
+            self._exported.observe_report(stored, len(request.forward), len(request.acceptance),
+                                          len(request.similarity))
+        return pb.ReportResponse(stored=stored)
 
     def Snapshot(self, request: pb.SnapshotRequest, context: grpc.ServicerContext) -> pb.SnapshotResponse:
-        return codec.snapshot_to_pb(self._metrics.snapshot())
+        view = self._metrics.snapshot()
+        if self._exported is not None:
+            self._exported.observe_snapshot(view.stale)
+        return codec.snapshot_to_pb(view)
 
 
 def create_server(settings: ProfilerSettings, store: MetricStore, health_servicer: health.HealthServicer | None = None,
-                  tls: ServerTLS | None = None) -> tuple[grpc.Server, int]:
+                  tls: ServerTLS | None = None, exported: ProfilerMetrics | None = None) -> tuple[grpc.Server, int]:
     """A profiler server bound to `settings.host:settings.port` (0: a free port; over TLS with `tls`), not
-    started yet."""
+    started yet; `exported`: the Prometheus metrics it keeps up to date."""
     health_servicer = health.HealthServicer() if health_servicer is None else health_servicer
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
+                         interceptors=[exported.rpc] if exported is not None else None)
     metrics = ResilientMetrics(store, settings.store_retry_s)
-    profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(ProfilerServicer(metrics), server)
+    if exported is not None:
+        exported.watch(metrics)
+    profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(ProfilerServicer(metrics, exported), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     port = serving.listen(server, settings.host, settings.port, tls)

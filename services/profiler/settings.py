@@ -39,3 +39,5 @@ class ProfilerSettings(BaseSettings):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    metrics_port: int = Field(0, ge=-1, le=65535, description="Prometheus /metrics over HTTP on `host`; 0 picks "
+                              "a free port, -1 serves none")

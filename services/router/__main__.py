@@ -7,7 +7,7 @@ import sys
 
 from pydantic import ValidationError
 
-from specrouter import lifecycle
+from specrouter import lifecycle, prometheus
 from specrouter.router.auth import load_token, upstream_tls
 from specrouter.router.settings import RouterSettings
 from specrouter.tls import CredentialsError, server_tls
@@ -38,12 +38,16 @@ def main(argv: list[str] | None = None) -> int:
         router.start()
         grpc_server, port, _ = srv.create_server(settings, router, tls, token)
         grpc_server.start()
+        metrics = prometheus.serve_metrics(router.prometheus.registry, settings.host, settings.metrics_port)
 
         def close() -> None:
             grpc_server.stop(settings.grace_s).wait()
             router.close()
+            if metrics is not None:
+                metrics.close()
 
-        return lifecycle.Running(f"router listening on {settings.host}:{port}", close)
+        return lifecycle.Running(f"router listening on {settings.host}:{port}", close,
+                                 metrics=prometheus.metrics_line("router", metrics))
 
     try:
         return lifecycle.serve("specrouter-router", open_router)

@@ -93,7 +93,7 @@ class Batcher:
                  choose_auto: ChooseChain, stop_check: Callable[[RequestHandle, Row], int | None] | None = None,
                  on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
                  on_cycle_done: CycleDone | None = None, prompt_positions: int = 0,
-                 health: WorkerHealth | None = None):
+                 health: WorkerHealth | None = None, on_emitted: Callable[[int], None] | None = None):
         self.workers = dict(workers)
         self.health = health or WorkerHealth(self.workers, target)
         self.prompt_positions = prompt_positions   # prompt positions the models' guesses are compared on
@@ -104,6 +104,7 @@ class Batcher:
         self.stop_check = stop_check
         self.on_cycle = on_cycle
         self.on_cycle_done = on_cycle_done
+        self.on_emitted = on_emitted   # after each cycle: the tokens it handed to requests (stops applied)
         self._inbox: queue.Queue[RequestHandle] = queue.Queue()
         self._batches: dict[tuple, ChainBatch] = {}
         self._handles: dict[str, RequestHandle] = {}
@@ -290,6 +291,7 @@ class Batcher:
             self._fail_batch(batch, chain, exc)
             return
         name = ",".join(chain)
+        handed = 0
         for index, row in enumerate(rows):
             handle = self._handles[row.row_id]
             handle.chain_counts[name] += 1
@@ -303,6 +305,9 @@ class Batcher:
                 emitted = emitted[: len(emitted) - drop]
                 row.finish_reason = FINISH_STOP
             handle.events.put(Emitted(emitted))
+            handed += len(emitted)
+        if self.on_emitted is not None:
+            self.on_emitted(handed)
         cycle_ns = time.perf_counter_ns() - started
         for row in rows:
             self._handles[row.row_id].breakdown.observe_cycle(report, cycle_ns, choose_ns)

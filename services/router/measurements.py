@@ -27,6 +27,22 @@ QUEUE_LIMIT = 1024  # cycles waiting to be reported; beyond it the oldest measur
 REPORT_PERIOD_S = 0.2
 
 
+def acceptance_counts(report: CycleReport, rows: Sequence[Row]) -> dict[tuple[str, str, bool, int], list[int]]:
+    """Per (drafter, verifier, greedy, draft position): [accepted, proposed] over the cycle's rows, each row's
+    proposal tested up to its first rejection (so accepted / proposed at a position is the chance that a
+    token there is accepted once every token before it was)."""
+    chain = report.chain
+    counts: dict[tuple[str, str, bool, int], list[int]] = defaultdict(lambda: [0, 0])
+    for level in range(1, len(chain)):
+        drafter, verifier = chain[level - 1], chain[level]
+        for row, accepted, proposed in zip(rows, report.accepted[verifier], report.proposed[verifier]):
+            for position in range(min(accepted + 1, proposed)):
+                c = counts[(drafter, verifier, row.sampling.greedy, position)]
+                c[0] += position < accepted
+                c[1] += 1
+    return counts
+
+
 def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportRequest:
     """Forward timings of every model, acceptance per (drafter, verifier, mode, position), and similarity
     per (drafter, verifier, mode) over every proposal position its verifier compared."""
@@ -37,16 +53,8 @@ def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportReq
                 request.forward.add(model=model, batch_size=t.batch_size, tokens_per_row=t.tokens_per_row,
                                     forward_ns=t.forward_ns)
     chain = report.chain
-    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
-    for level in range(1, len(chain)):
-        drafter, verifier = chain[level - 1], chain[level]
-        for row, accepted, proposed in zip(rows, report.accepted[verifier], report.proposed[verifier]):
-            mode = pb.DECODING_MODE_GREEDY if row.sampling.greedy else pb.DECODING_MODE_SAMPLING
-            for position in range(min(accepted + 1, proposed)):  # tested up to the first rejection
-                c = counts[(drafter, verifier, mode, position)]
-                c[0] += position < accepted
-                c[1] += 1
-    for (drafter, verifier, mode, position), (acc, prop) in counts.items():
+    for (drafter, verifier, greedy, position), (acc, prop) in acceptance_counts(report, rows).items():
+        mode = pb.DECODING_MODE_GREEDY if greedy else pb.DECODING_MODE_SAMPLING
         request.acceptance.add(drafter=drafter, verifier=verifier, mode=mode, position=position,
                                accepted=acc, proposed=prop)
     similar: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0])

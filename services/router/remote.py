@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -13,6 +14,8 @@ from specrouter.worker import protocol
 from specrouter.worker.calls import RowStep, StepResult, VerifyRow
 
 MAX_MESSAGE_BYTES = 256 * 2**20  # the worker enforces its own, smaller limit
+# after each call: (model, method, seconds, status code name)
+CallObserver = Callable[[str, str, float, str], None]
 
 
 class RemoteWorker:
@@ -29,36 +32,45 @@ class RemoteWorker:
         self.name = self.info.model_name
         self.vocab = self.info.vocab_size
         self.calls = self.bytes_sent = self.bytes_received = 0  # traffic counters, for benchmarks
+        self.observe_call: CallObserver | None = None
 
     def probe(self, timeout_s: float = 2.0) -> None:
         """Raises unless the worker answers (its Info), as after a restart at the same address."""
         self.stub.Info(pb.InfoRequest(), timeout=min(timeout_s, self.timeout_s))
 
-    def _call(self, method, request):
-        reply = method(request, timeout=self.timeout_s)
+    def _call(self, method: str, request):
+        started, code = time.perf_counter(), "OK"
+        try:
+            reply = getattr(self.stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
+            raise
+        finally:
+            if self.observe_call is not None:
+                self.observe_call(self.name, method, time.perf_counter() - started, code)
         self.calls += 1
         self.bytes_sent += request.ByteSize()
         self.bytes_received += reply.ByteSize()
         return reply
 
     def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]], predictions: int = 0) -> StepResult:
-        reply = self._call(self.stub.Prefill, pb.PrefillRequest(state_id=state_id, predictions=predictions, rows=[
+        reply = self._call("Prefill", pb.PrefillRequest(state_id=state_id, predictions=predictions, rows=[
             pb.PrefillRow(row_id=r, tokens=list(t)) for r, t in rows]))
         guesses = [list(p.tokens) for p in reply.predictions] if predictions else [[] for _ in rows]
         return StepResult(tokens=guesses, rows=[None] * len(rows), timings=protocol.timings_from_pb(reply.timing))
 
     def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult:
-        reply = self._call(self.stub.Draft, pb.DraftRequest(state_id=state_id, level=level, window=window,
+        reply = self._call("Draft", pb.DraftRequest(state_id=state_id, level=level, window=window,
                                                             rows=[protocol.step_to_pb(r) for r in rows]))
         return protocol.step_result_from_pb(reply, self.vocab, verify=False)
 
     def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:
-        reply = self._call(self.stub.Verify, pb.VerifyRequest(state_id=state_id, level=level, hand_up=hand_up,
+        reply = self._call("Verify", pb.VerifyRequest(state_id=state_id, level=level, hand_up=hand_up,
                                                               rows=[protocol.verify_row_to_pb(r) for r in rows]))
         return protocol.step_result_from_pb(reply, self.vocab, verify=True)
 
     def release(self, state_id: str, row_ids: Sequence[str] | None = None) -> None:
-        self._call(self.stub.Release, pb.ReleaseRequest(state_id=state_id, row_ids=list(row_ids or [])))
+        self._call("Release", pb.ReleaseRequest(state_id=state_id, row_ids=list(row_ids or [])))
 
     def close(self) -> None:
         self.channel.close()

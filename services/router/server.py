@@ -21,6 +21,7 @@ from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, 
 from specrouter.router.chain import ChainBatch, CycleReport, OutOfMemory, Row, RowFailed, WorkerCallFailed
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.measurements import Reporter, SnapshotCache
+from specrouter.router.prometheus import RouterMetrics
 from specrouter.router.remote import RemoteWorker
 from specrouter.pool.similarity import load_similarity
 from specrouter.profiler.metrics import Mode
@@ -91,6 +92,9 @@ class Router:
         self.context_length = min(w.info.context_length for w in workers.values())
         self.limits = Limits(settings.max_prompt_bytes, settings.max_prompt_tokens, settings.max_new_tokens)
         self.admission = Admission(settings.max_in_flight, settings.max_queued)
+        self.prometheus = RouterMetrics(self.admission)   # served at /metrics by the router's main
+        for worker in workers.values():
+            worker.observe_call = self.prometheus.observe_worker_call
         default = parse_chain(settings.default_chain, self.by_size, self.target) if settings.default_chain else None
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
         self.reporter = Reporter(settings.profiler or None, tls=upstream)
@@ -102,7 +106,8 @@ class Router:
                                    warmup, offline)
         self.batcher = Batcher(workers, self.target, self.context_length, self.tokenizer.eos_token_id,
                                self.choose_auto, self.stop_check, self.reporter.observe, self.cycle_done,
-                               prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0)
+                               prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
+                               on_emitted=self.prometheus.tokens.inc)
 
     def start(self) -> None:
         self.reporter.start()
@@ -125,6 +130,7 @@ class Router:
 
     def cycle_done(self, batch: ChainBatch, report: CycleReport, rows: list[Row], cycle_ns: int, auto: bool) -> None:
         decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None
+        self.prometheus.observe_cycle(report, rows, cycle_ns, decision.prediction if decision is not None else None)
         self.scheduler.observe(report, rows, cycle_ns, auto, decision)
 
     def stop_check(self, handle: RequestHandle, row: Row) -> int | None:
@@ -240,6 +246,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if isinstance(event, Failed):
                 code, message = status_for(event.error)
                 context.abort(code, message)
+            if isinstance(event, Finished):
+                self.router.prometheus.finished.labels(event.finish_reason).inc()
             yield event
             if isinstance(event, Finished):
                 return
@@ -328,7 +336,7 @@ def create_server(settings: RouterSettings, router: Router, tls: ServerTLS | Non
     # gRPC itself (RESOURCE_EXHAUSTED) rather than queued without bound in front of the threads
     interceptors = [BearerTokenInterceptor(SERVICE_NAME, token)] if token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=2 * threads,
-                         interceptors=interceptors,
+                         interceptors=[router.prometheus.rpc, *interceptors],
                          options=[("grpc.max_receive_message_length",
                                    max(GRPC_MESSAGE_BYTES, settings.max_prompt_bytes + REQUEST_OVERHEAD_BYTES))])
     servicer = RouterServicer(router)

@@ -47,6 +47,7 @@ class RouterSettings(BaseSettings):
     worker_timeout_s: float = 60.0      # per worker RPC; also how long start-up waits for workers
     threads: int = Field(0, ge=0)       # server threads; 0: max_in_flight + max_queued + SPARE_THREADS
     grace_s: float = 10.0
+    metrics_port: int = Field(0, ge=-1)   # Prometheus /metrics over HTTP on `host`; 0 picks a free port, -1: none
     # TLS on the public API (specrouter/tls.py): the router's certificate chain and key; with a client CA
     # set, clients must present a certificate it signed (mutual TLS)
     tls_cert: Path | None = None

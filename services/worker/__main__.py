@@ -8,7 +8,7 @@ import threading
 
 from pydantic import ValidationError
 
-from specrouter import lifecycle
+from specrouter import lifecycle, prometheus
 from specrouter.tls import CredentialsError, server_tls
 from specrouter.worker.compute import ComputeLoop
 from specrouter.worker.settings import WorkerSettings
@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
         engine, info = srv.build_engine(settings)
         compute = ComputeLoop()
-        grpc_server, port, health = srv.create_server(settings, engine, info, compute, tls)
+        metrics = srv.worker_metrics(engine, info)
+        grpc_server, port, health = srv.create_server(settings, engine, info, compute, tls, metrics)
         grpc_server.start()
+        endpoint = prometheus.serve_metrics(metrics.registry, settings.host, settings.metrics_port)
         srv.warm_up(engine, info, settings.profile_batch_sizes, settings.profile_tokens_per_row)
         srv.mark_serving(health, True)
 
@@ -46,9 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         def close() -> None:
             srv.mark_serving(health, False)
             grpc_server.stop(settings.grace_s).wait()
+            if endpoint is not None:
+                endpoint.close()
             logging.getLogger(__name__).info("worker %s stopped", info.model_name)
 
-        return lifecycle.Running(f"worker {info.model_name} listening on {settings.host}:{port}", close, work)
+        return lifecycle.Running(f"worker {info.model_name} listening on {settings.host}:{port}", close, work,
+                                 metrics=prometheus.metrics_line(f"worker {info.model_name}", endpoint))
 
     return lifecycle.serve("specrouter-worker", open_worker)
 

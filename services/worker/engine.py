@@ -90,6 +90,11 @@ class WorkerEngine:
         with self._lock:
             return list(self._states)
 
+    def live_rows(self) -> int:
+        """Rows held across every state (requests in flight on this model)."""
+        with self._lock:
+            return sum(s.batch_size for s in self._states.values())
+
     def state(self, state_id: str) -> MaskedKVState:
         state = self._states.get(state_id)
         if state is None:

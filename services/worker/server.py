@@ -21,6 +21,7 @@ from specrouter.worker.calls import RowStep, SamplingParams, VerifyRow
 from specrouter.worker.compute import ComputeLoop
 from specrouter.worker.engine import ContextLengthError, EngineSettings, UnknownStateError, WorkerEngine
 from specrouter.worker.forward import ModelForward
+from specrouter.worker.prometheus import WorkerMetrics
 from specrouter.worker.settings import WorkerSettings
 from specrouter.worker.state import StateError
 
@@ -63,10 +64,16 @@ def _handle(call: Callable[[], object], context: grpc.ServicerContext):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, engine: WorkerEngine, info: pb.InfoResponse, compute: ComputeLoop):
+    def __init__(self, engine: WorkerEngine, info: pb.InfoResponse, compute: ComputeLoop,
+                 metrics: WorkerMetrics | None = None):
         self.engine = engine
         self.info = info
         self.compute = compute   # engine operations run on its thread; decoding and encoding on the handler's
+        self.metrics = metrics
+
+    def _observe(self, operation: str, timings) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_forwards(operation, timings)
 
     def Info(self, request, context):
         reply = pb.InfoResponse()
@@ -79,6 +86,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             start = time.perf_counter_ns()
             rows = [(r.row_id, list(r.tokens)) for r in request.rows]
             result = self.compute.call(lambda: self.engine.prefill(request.state_id, rows, request.predictions))
+            self._observe("prefill", result.timings)
             return pb.PrefillResponse(
                 timing=protocol.timing_to_pb(result.timings, time.perf_counter_ns() - start),
                 predictions=[pb.PrefillPredictions(tokens=t) for t in result.tokens] if request.predictions else [])
@@ -89,6 +97,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             start = time.perf_counter_ns()
             steps = [protocol.step_from_pb(r) for r in request.rows]
             result = self.compute.call(lambda: self.engine.draft(request.state_id, request.level, request.window, steps))
+            self._observe("draft", result.timings)
             return protocol.step_result_to_pb(result, [s.row_id for s in steps], time.perf_counter_ns() - start)
         return _handle(run, context)
 
@@ -98,6 +107,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             device = self.engine.forward.device
             rows = [protocol.verify_row_from_pb(r, self.engine.vocab, device) for r in request.rows]
             result = self.compute.call(lambda: self.engine.verify(request.state_id, request.level, rows, request.hand_up))
+            self._observe("verify", result.timings)
             return protocol.step_result_to_pb(result, [r.row_id for r in rows], time.perf_counter_ns() - start)
         return _handle(run, context)
 
@@ -180,16 +190,23 @@ def warm_up(engine: WorkerEngine, info: pb.InfoResponse, batch_sizes: Sequence[i
 
 
 def create_server(settings: WorkerSettings, engine: WorkerEngine, info: pb.InfoResponse, compute: ComputeLoop,
-                  tls: ServerTLS | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """The worker's server, bound (over TLS with `tls`), not started."""
+                  tls: ServerTLS | None = None, metrics: WorkerMetrics | None = None,
+                  ) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """The worker's server, bound (over TLS with `tls`), not started; `metrics`: the Prometheus metrics it
+    keeps up to date."""
     limit = message_limit(settings, engine.vocab)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.threads),
         options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)],
+        interceptors=[metrics.rpc] if metrics is not None else None,
     )
-    server.add_generic_rpc_handlers((_lenient_handlers(WorkerServicer(engine, info, compute)),))
+    server.add_generic_rpc_handlers((_lenient_handlers(WorkerServicer(engine, info, compute, metrics)),))
     health_servicer = serving.add_health_and_reflection(server, SERVICE_NAME, serving=False)  # until warmed up
     return server, serving.listen(server, settings.host, settings.port, tls), health_servicer
+
+
+def worker_metrics(engine: WorkerEngine, info: pb.InfoResponse) -> WorkerMetrics:
+    return WorkerMetrics(engine, {"model": info.model_name, "device": info.device, "dtype": info.dtype})
 
 
 def mark_serving(health_servicer: health.HealthServicer, serving_now: bool) -> None:

@@ -31,6 +31,7 @@ class WorkerSettings(BaseSettings):
     # Warm-up latency profile, the scheduler's prior before live measurements: one forward per pair.
     profile_batch_sizes: list[int] = [1, 2, 4, 8, 16]
     profile_tokens_per_row: list[int] = [1, 2, 3, 4, 5, 7, 9]
+    metrics_port: int = 0               # Prometheus /metrics over HTTP on `host`; 0 picks a free port, -1: none
 
     @property
     def model_name(self) -> str:

@@ -175,7 +175,8 @@ def up(
     """Start the embedded default: a profiler, one worker per pool model and a router, on localhost.
 
     A service that exits is started again on its port after a backoff (0.5 s, doubling to 30 s); the log
-    says which, its exit code and the end of its log file. Ctrl-C or SIGTERM stops every service."""
+    says which, its exit code and the end of its log file. Ctrl-C or SIGTERM stops every service. Each
+    service serves Prometheus metrics on a free port: `NAME metrics at URL` says where."""
     import signal
     import threading
 
@@ -194,7 +195,11 @@ def up(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    announce = lambda s: print(f"{s.name} up at {s.address}", flush=True)  # noqa: E731
+    def announce(service) -> None:
+        print(f"{service.name} up at {service.address}", flush=True)
+        if service.metrics_url:
+            print(f"{service.name} metrics at {service.metrics_url}", flush=True)
+
     try:
         cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
                                device=device, on_start=announce, router_args=router_args, tls=tls)

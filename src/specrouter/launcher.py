@@ -17,12 +17,14 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
+METRICS = re.compile(r"metrics at http://(\S+):(\d+)(/\S*)")   # printed before the listening line
 START_TIMEOUT_S = 300.0
 LOG_TAIL_CHARS = 2000   # the end of a service's log that a failure message quotes
 
 
 class ServiceProcess:
-    """`python -m MODULE ARGS...`, which prints `... listening on HOST:PORT` once it serves.
+    """`python -m MODULE ARGS...`, which prints `... listening on HOST:PORT` once it serves (and before it,
+    `... metrics at URL` where it serves its Prometheus metrics: `metrics_url`).
 
     Its stdout and stderr go to `log_dir/NAME.log`; `respawn` starts it again on the port it had, the
     log kept (a restart appends to it)."""
@@ -35,12 +37,14 @@ class ServiceProcess:
         self.log_path = log_dir / f"{self.name}.log"
         self.log_path.write_text("")
         self.address: str | None = None
+        self.metrics_url: str | None = None
         self.restarts = 0
         self._spawn(self.args)
         self.address = self._wait_listening()
 
     def _spawn(self, args: Sequence[str]) -> None:
         self._ready, self._ended = threading.Event(), threading.Event()
+        self._metrics_at: str | None = None
         log_file = self.log_path.open("a")   # appends: a restart keeps what the last run wrote
         self.proc = subprocess.Popen([sys.executable, "-m", self.module, *args], stdout=subprocess.PIPE,
                                      stderr=log_file, text=True, env=self.env)
@@ -53,10 +57,12 @@ class ServiceProcess:
             for line in proc.stdout:
                 log_file.write(line)
                 log_file.flush()
+                metrics = METRICS.search(line)
+                if metrics and not ready.is_set():
+                    self._metrics_at = f"http://{_reachable(metrics.group(1))}:{metrics.group(2)}{metrics.group(3)}"
                 m = LISTENING.search(line)
                 if m and not ready.is_set():
-                    host = "127.0.0.1" if m.group(1) in ("[::]", "0.0.0.0") else m.group(1)
-                    self._listening_at = f"{host}:{m.group(2)}"
+                    self._listening_at = f"{_reachable(m.group(1))}:{m.group(2)}"
                     ready.set()
         finally:
             log_file.close()
@@ -67,6 +73,7 @@ class ServiceProcess:
         while not self._ready.wait(0.05) and not self._ended.is_set() and time.monotonic() < deadline:
             pass
         if self._ready.is_set():
+            self.metrics_url = self._metrics_at
             return self._listening_at
         self.stop()
         raise RuntimeError(f"{self.name} did not start; the end of {self.log_path}:\n{self.log_tail()}")
@@ -79,14 +86,22 @@ class ServiceProcess:
         """HOST:PORT from the listening line of the run started last (once `ready()`)."""
         return self._listening_at
 
+    def listening_metrics(self) -> str | None:
+        """The metrics URL the run started last printed (once `ready()`), None if it serves none."""
+        return self._metrics_at
+
     def respawn(self) -> None:
-        """Starts the service again, on the port it had (clients and the router hold its address); returns
-        at once: `ready()` says when it listens, `alive()` whether it failed."""
+        """Starts the service again, on the port it had (clients and the router hold its address) and the
+        metrics port it had (so does a Prometheus); returns at once: `ready()` says when it listens, `alive()`
+        whether it failed."""
         self.restarts += 1
         port = self.address.rsplit(":", 1)[1]
         with self.log_path.open("a") as f:
             f.write(f"--- restart {self.restarts}: the last run exited with code {self.proc.returncode} ---\n")
-        self._spawn(with_port(self.args, port))
+        args = with_port(self.args, port)
+        if self.metrics_url is not None:
+            args = with_port(args, self.metrics_url.rsplit(":", 1)[1].split("/", 1)[0], "--metrics-port")
+        self._spawn(args)
 
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
         with self.log_path.open("rb") as f:
@@ -108,13 +123,18 @@ class ServiceProcess:
         return self.proc.returncode
 
 
-def with_port(args: Sequence[str], port: str) -> list[str]:
-    """`args` with `--port PORT` in place of the port they gave (or with it added)."""
+def with_port(args: Sequence[str], port: str, flag: str = "--port") -> list[str]:
+    """`args` with `--port PORT` (or `flag PORT`) in place of the port they gave (or with it added)."""
     out = list(args)
-    if "--port" in out[:-1]:
-        out[out.index("--port") + 1] = port
+    if flag in out[:-1]:
+        out[out.index(flag) + 1] = port
         return out
-    return [*out, "--port", port]
+    return [*out, flag, port]
+
+
+def _reachable(host: str) -> str:
+    """A host a client on this machine can reach for one a service printed (every interface: loopback)."""
+    return "127.0.0.1" if host in ("[::]", "0.0.0.0") else host
 
 
 def exit_description(code: int) -> str:
@@ -184,6 +204,7 @@ class Supervisor:
                 if service.ready():
                     watch.starting, watch.up_since = None, now
                     service.address = service.listening_address()
+                    service.metrics_url = service.listening_metrics()
                     log.warning("%s is back at %s (restart %d)", service.name, service.address, service.restarts)
                     self.on_back(service)
                 elif not service.alive():

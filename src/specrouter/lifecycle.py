@@ -6,6 +6,7 @@ opens the service: it binds the port, starts serving and returns a `Running`. `s
 1. installs the SIGTERM / SIGINT handlers, before the line: a supervisor may stop the service as soon as
    it reads it;
 2. prints the line, e.g. `router listening on HOST:PORT`, which the launcher and the tests wait for;
+   before it, where the service serves its Prometheus metrics: `router metrics at http://HOST:PORT/metrics`;
 3. runs the service's work on the main thread until a signal (most services just wait);
 4. closes the service, then flushes the traces.
 """
@@ -70,6 +71,7 @@ class Running:
     listening: str                                         # "<name> listening on HOST:PORT"
     close: Callable[[], None]                              # stops serving and releases what it opened, in order
     work: Callable[[threading.Event], None] = _wait        # runs until the event is set
+    metrics: str = ""                                      # "<name> metrics at URL", printed before `listening`
 
 
 def serve(service_name: str, open_service: Callable[[], Running]) -> int:
@@ -80,6 +82,8 @@ def serve(service_name: str, open_service: Callable[[], Running]) -> int:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        if running.metrics:
+            print(running.metrics, flush=True)
         print(running.listening, flush=True)
         try:
             running.work(stop)

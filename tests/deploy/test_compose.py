@@ -89,7 +89,15 @@ def test_router_reaches_every_worker_and_the_profiler(services, commands):
     assert repo_path_of_image_path(router.tokenizer_dir) == DEMO_POOL / pool["target"]
     assert repo_path_of_image_path(router.pool_dir) == DEMO_POOL
     assert router.profiler == f"profiler:{commands['profiler'].settings.port}"
-    assert services["router"]["ports"] == [f"127.0.0.1:{router.port}:{router.port}"]
+    assert services["router"]["ports"] == [f"127.0.0.1:{router.port}:{router.port}",
+                                           f"127.0.0.1:{router.metrics_port}:{router.metrics_port}"]
+
+
+def test_every_service_serves_its_metrics_on_a_port_of_its_own(commands):
+    """A fixed port a Prometheus on the compose network scrapes, apart from the gRPC port."""
+    for name, command in commands.items():
+        settings = command.settings
+        assert settings.metrics_port > 0 and settings.metrics_port != settings.port, name
 
 
 def test_router_waits_for_healthy_workers_and_profiler(services, commands):

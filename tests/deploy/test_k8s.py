@@ -117,6 +117,7 @@ def test_services_listen_on_the_ports_their_probes_check(overlay):
         assert listens_everywhere(settings.host), f"{c.name} listens on {settings.host} only"
         ports = {p["name"]: p["containerPort"] for p in c.spec["ports"]}
         assert ports["grpc"] == settings.port, c.name
+        assert ports["metrics"] == settings.metrics_port > 0, c.name
         for probe in PROBES:
             assert c.spec[probe]["grpc"] == {"port": settings.port}, f"{c.name}: {probe} {c.spec[probe]}"
 
@@ -132,6 +133,15 @@ def test_every_service_reaches_pods_on_a_port_they_have(overlay):
         for port in service["spec"]["ports"]:
             target = port.get("targetPort", port["port"])
             assert target in ports or target in ports.values(), f"Service {name}: no container port {target}"
+
+
+def test_prometheus_scrapes_every_service_where_it_serves_its_metrics(overlay):
+    _, _, containers = overlay
+    for c in containers:
+        annotations = c.deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", c.name
+        assert annotations["prometheus.io/port"] == str(c.command.settings.metrics_port), c.name
+        assert annotations["prometheus.io/path"] == "/metrics", c.name
 
 
 def test_router_reaches_one_headless_service_per_model_of_its_pool(overlay):
@@ -188,10 +198,12 @@ def allowed_sources(objects: list[dict], pods: dict) -> tuple[list[dict], set]:
 
 
 def test_only_routers_reach_workers_and_the_profiler(overlay):
+    """And only Prometheus, from its own namespace, reaches a service's metrics port."""
     _, objects, containers = overlay
     deployments = by_kind(objects, "Deployment")
     deny = by_kind(objects, "NetworkPolicy")["default-deny-ingress"]["spec"]
     assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and not deny.get("ingress")
+    metrics_ports = {c.name: c.command.settings.metrics_port for c in containers}
 
     def sources(rule) -> set[str]:
         """The Deployments whose pods a rule admits (all of them for a rule without `from`)."""
@@ -203,12 +215,22 @@ def test_only_routers_reach_workers_and_the_profiler(overlay):
             admitted |= {n for n, d in deployments.items() if matches(peer["podSelector"], pod_labels(d))}
         return admitted
 
+    def scrape_rule(name: str, rule) -> bool:
+        """Whether `rule` opens the metrics port of `name`'s pods; if so it admits Prometheus's namespace alone."""
+        ports = {p["port"] for p in rule.get("ports", [])}
+        if name not in metrics_ports or metrics_ports[name] not in ports:
+            return False
+        assert ports == {metrics_ports[name]}, f"{name}: the scrape rule opens {ports}"
+        assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        return True
+
     expected = {"worker": {"router"}, "profiler": {"router"}, "redis": {"profiler"}}
     for name, d in deployments.items():
         kind = component(d)
         if kind not in expected:
             continue
         rules, ports = allowed_sources(objects, d)
+        rules = [r for r in rules if not scrape_rule(name, r)]
         assert rules, f"{name}: no policy admits anything"
         admitted = set().union(*(sources(r) for r in rules))
         assert {component(deployments[a]) for a in admitted} == expected[kind], f"{name} admits {admitted}"
@@ -216,7 +238,10 @@ def test_only_routers_reach_workers_and_the_profiler(overlay):
         assert ports == listening, f"{name}: policies open {ports}, the pod listens on {listening}"
     [router] = of(containers, "router")
     rules, ports = allowed_sources(objects, router.deployment)
-    assert ports == {router.command.settings.port}
+    assert ports == {router.command.settings.port, router.command.settings.metrics_port}
+    assert sum(scrape_rule(router.name, r) for r in rules) == 1
+    for c in containers:   # every service's metrics port is open to the scrape
+        assert any(scrape_rule(c.name, r) for r in allowed_sources(objects, c.deployment)[0]), c.name
 
 
 def test_no_pod_runs_as_root_or_writes_its_image(overlay):
