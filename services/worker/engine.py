@@ -1,11 +1,11 @@
 """The operations a worker performs on its model's states: prefill, draft, verify, release.
 
 Every operation names its state by an opaque id and its rows by row id; rows may be at different
-lengths. A call covers every row of its state, in any order (its blocks are scattered to the rows' slots
-and its logits gathered back, so the state never moves), and
-carries per row the rollback left over from the last cycle and the tokens the model has not seen yet
-(at least the last emitted token, more when the model sat out cycles and must catch up), so a cycle
-costs one round trip per level. Each call returns the timings of its forward passes for the profiler.
+lengths. A call covers every row of its state, in any order (its blocks are scattered to the rows'
+slots and the logits gathered back; the state is not reordered), and carries per row the rollback left
+over from the last cycle and the tokens the model has not seen yet (at least the last emitted token,
+more when the model sat out cycles and must catch up), so a cycle costs one round trip per level. Each
+call returns the timings of its forward passes for the profiler.
 """
 
 from __future__ import annotations
