@@ -1,10 +1,11 @@
 """The operations a worker performs on its model's states: prefill, draft, verify, release.
 
 Every operation names its state by an opaque id and its rows by row id; rows may be at different
-lengths. A call covers every row of its state, in any order (the state is reordered to match), and
-carries per row the rollback left over from the last cycle and the tokens the model has not seen yet
-(at least the last emitted token, more when the model sat out cycles and must catch up), so a cycle
-costs one round trip per level. Each call returns the timings of its forward passes for the profiler.
+lengths. A call covers every row of its state, in any order (its blocks are scattered to the rows'
+slots and the logits gathered back; the state is not reordered), and carries per row the rollback left
+over from the last cycle and the tokens the model has not seen yet (at least the last emitted token,
+more when the model sat out cycles and must catch up), so a cycle costs one round trip per level. Each
+call returns the timings of its forward passes for the profiler.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class WorkerEngine:
             if row_ids is None or set(row_ids) >= set(state.row_ids):
                 del self._states[state_id]
                 return
-            state.select([r for r in state.row_ids if r not in set(row_ids)])
+            leaving = set(row_ids)
+            state.leave([r for r in state.row_ids if r in leaving])
 
     # -- operations -------------------------------------------------------------------------------
 
@@ -163,15 +165,15 @@ class WorkerEngine:
         if window < 1:
             raise StateError(f"window must be >= 1, got {window}")
         with self._lock:
-            state = self._prepare(state_id, rows, extra_tokens=window)
+            state, slots = self._prepare(state_id, rows, extra_tokens=window)
             s = BatchSampling([r.sampling for r in rows], self.forward.device)
             tokens, valid = _pad([r.pending for r in rows], self.forward.device)
-            logits, timing = self.forward(state, tokens, valid)
+            logits, timing = self._forward(state, slots, tokens, valid)
             timings = [timing]
             b = len(rows)
             index = torch.arange(b, device=logits.device)
             last = logits[index, valid.sum(1) - 1]                                        # [B, V]
-            presence = token_presence(state.tokens, state.mask, self.vocab) if s.any_penalty else None
+            presence = self._presence(state, slots) if s.any_penalty else None
             greedy = s.all_greedy and presence is None   # the argmax; no rows are made or sent
             if not greedy:
                 u = torch.stack([row_uniforms(r.sampling.seed, r.cycle, level, window) for r in rows])  # [B, W]
@@ -187,7 +189,8 @@ class WorkerEngine:
                 if presence is not None:
                     presence[index, x] = True
                 if i + 1 < window:
-                    logits, timing = self.forward(state, x[:, None], torch.ones_like(x[:, None], dtype=torch.bool))
+                    logits, timing = self._forward(state, slots, x[:, None],
+                                                   torch.ones_like(x[:, None], dtype=torch.bool))
                     timings.append(timing)
                     last = logits[:, 0]
             out_tokens = torch.stack(drafted, 1).tolist()                                 # [B, W]
@@ -208,16 +211,16 @@ class WorkerEngine:
         """
         with self._lock:
             k_max = max((len(r.proposal) for r in rows), default=0)
-            state = self._prepare(state_id, rows, extra_tokens=k_max + 1)
+            state, slots = self._prepare(state_id, rows, extra_tokens=k_max + 1)
             device = self.forward.device
             b = len(rows)
             s = BatchSampling([r.sampling for r in rows], device)
             presence0 = None
             if s.any_penalty:
-                presence0 = token_presence(state.tokens, state.mask, self.vocab)
+                presence0 = self._presence(state, slots)
             blocks = [list(r.pending) + list(r.proposal) for r in rows]
             tokens, valid = _pad(blocks, device)
-            logits, timing = self.forward(state, tokens, valid)                            # [B, T, V]
+            logits, timing = self._forward(state, slots, tokens, valid)                    # [B, T, V]
             starts = torch.tensor([len(r.pending) - 1 for r in rows], device=device)      # [B]
             lengths = torch.tensor([len(r.proposal) for r in rows], device=device)        # [B]
             offsets = torch.arange(k_max + 1, device=device)
@@ -274,9 +277,10 @@ class WorkerEngine:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _prepare(self, state_id: str, rows: Sequence[RowStep], extra_tokens: int) -> MaskedKVState:
-        """Checks the call's rows, then reorders the state to them, applies their rollbacks, compacts if worth
-        it. A check that fails raises before the state changes, naming the rows it fails for."""
+    def _prepare(self, state_id: str, rows: Sequence[RowStep], extra_tokens: int) -> tuple[MaskedKVState, list[int]]:
+        """Checks the call's rows, then applies their rollbacks and compacts if worth it; returns the state and
+        the slot of each row, in the call's order. A check that fails raises before the state changes, naming
+        the rows it fails for."""
         self._drop_expired(time.monotonic())
         state = self.state(state_id)
         ids = [r.row_id for r in rows]
@@ -292,19 +296,39 @@ class WorkerEngine:
             raise RowStateError(f"rows {empty} have no pending token; every row needs at least one (the last "
                                 f"emitted one)", empty)
         self._check_tokens({r.row_id: [*r.pending, *getattr(r, "proposal", ())] for r in rows})
-        held = dict(zip(state.row_ids, state.valid_lengths().tolist()))
+        lengths = state.valid_lengths().tolist()
+        held = {r: lengths[state.slot_index(r)] for r in ids}
         too_long = [r.row_id for r in rows if not 0 <= r.rollback <= held[r.row_id]]
         if too_long:
             raise RowStateError(f"rows {too_long} ask for a rollback longer than they hold "
                                 f"({[held[r] for r in too_long]} tokens)", too_long)
         self._check_context({r.row_id: held[r.row_id] - r.rollback + len(r.pending) + extra_tokens for r in rows})
-        state.select(ids)
         if any(r.rollback for r in rows):
-            state.rollback(torch.tensor([r.rollback for r in rows], dtype=torch.long))
-        total = state.batch_size * state.length
+            counts = torch.zeros(state.batch_size, dtype=torch.long)                       # [S], 0 for free slots
+            counts[[state.slot_index(r.row_id) for r in rows]] = torch.tensor([r.rollback for r in rows])
+            state.rollback(counts)
+        total = len(ids) * state.length
         if total and state.holes() > self.settings.compact_hole_fraction * total:
             state.compact()
-        return state
+        return state, [state.slot_index(r) for r in ids]
+
+    def _forward(self, state: MaskedKVState, slots: list[int], tokens: torch.Tensor,
+                 valid: torch.Tensor) -> tuple[torch.Tensor, ForwardTiming]:
+        """Runs blocks tokens [B, k] (valid [B, k]) given in the call's order, row b in slot slots[b]; slots
+        outside the call (free ones) get an all-hole block, which changes nothing. Returns logits [B, k, V]
+        in the call's order."""
+        if slots == list(range(state.batch_size)):
+            return self.forward(state, tokens, valid)
+        index = torch.tensor(slots, dtype=torch.long, device=tokens.device)              # [B]
+        in_slots = tokens.new_zeros(state.batch_size, tokens.shape[1]).index_copy_(0, index, tokens)   # [S, k]
+        valid_in_slots = valid.new_zeros(state.batch_size, valid.shape[1]).index_copy_(0, index, valid)
+        logits, timing = self.forward(state, in_slots, valid_in_slots)                     # [S, k, V]
+        return logits[index], timing
+
+    def _presence(self, state: MaskedKVState, slots: list[int]) -> torch.Tensor:
+        """[B, vocab] bool, in the call's order: the token ids each row holds."""
+        index = torch.tensor(slots, dtype=torch.long, device=state.mask.device)
+        return token_presence(state.tokens[index], state.mask[index], self.vocab)
 
     def _check_context(self, lengths: Mapping[str, int]) -> None:
         """`lengths`: tokens per row once the call is done."""

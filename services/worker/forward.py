@@ -20,10 +20,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specrouter.worker import llama
 from specrouter.worker.calls import ForwardTiming
-from specrouter.worker.state import MaskedKVState
+from specrouter.worker.state import MaskedKVState, grown, room_for
 
 PAD_TOKEN_ID = 0  # what a hole holds; never attended to
-ROOM_MIN = 64      # columns of room a buffer is given past what it holds when it grows
 
 
 class RoomLayer(CacheLayerMixin):
@@ -31,7 +30,7 @@ class RoomLayer(CacheLayerMixin):
 
     Transformers' DynamicLayer concatenates the whole cache with every step's new columns, a copy that
     grows with the context. Here a buffer [B, H, C, D] is written at [L, L + k) and the attention reads the
-    view [:, :, :L + k]; when the room runs out the buffer grows by half its length (at least ROOM_MIN),
+    view [:, :, :L + k]; when the room runs out the buffer grows by half its length (at least state.ROOM_MIN),
     so copies are amortised to O(1) per token.
     """
 
@@ -50,9 +49,9 @@ class RoomLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         end = self.length + key_states.shape[-2]
         if end > self.key_room.shape[2]:
-            capacity = end + max(ROOM_MIN, end // 2)
-            self.key_room = _grown(self.key_room, self.length, capacity)
-            self.value_room = _grown(self.value_room, self.length, capacity)
+            capacity = room_for(end)
+            self.key_room = grown(self.key_room, self.length, capacity)
+            self.value_room = grown(self.value_room, self.length, capacity)
         self.key_room[:, :, self.length:end] = key_states
         self.value_room[:, :, self.length:end] = value_states
         self.length = end
@@ -67,14 +66,6 @@ class RoomLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1
-
-
-def _grown(room: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
-    """A buffer [B, H, capacity, D] holding the first `length` columns of `room`."""
-    b, h, _, d = room.shape
-    out = room.new_empty(b, h, capacity, d)
-    out[:, :, :length] = room[:, :, :length]
-    return out
 
 
 class ModelForward:

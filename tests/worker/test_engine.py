@@ -1,12 +1,15 @@
-"""Worker operations: timings, TTL reclaim, refusals, and reduced precision."""
+"""Worker operations: timings, TTL reclaim, refusals, reduced precision, and rows that come and go."""
 
 from __future__ import annotations
+
+import random
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from specrouter.router.chain import ChainBatch, Row, run_to_completion
-from specrouter.worker.calls import RowStep, SamplingParams
+from specrouter.worker.calls import RowStep, SamplingParams, VerifyRow
 from specrouter.worker.engine import EngineSettings, UnknownStateError, WorkerEngine
 from specrouter.worker.forward import ModelForward
 from specrouter.worker.state import StateError
@@ -95,3 +98,73 @@ def test_prefill_returns_the_models_guesses_on_the_prompt() -> None:
     assert e.prefill("u", [("a", long)]).tokens == [[]]  # none asked for, none computed
     with pytest.raises(StateError):
         e.prefill("v", [("a", long)], predictions=-1)
+
+
+@dataclass
+class Decoding:
+    """A row as a router drives it: what the model has not seen yet, and what to drop first."""
+    pending: list[int]
+    params: SamplingParams
+    rollback: int = 0
+    generated: list[int] = None
+
+    def __post_init__(self) -> None:
+        self.generated = []
+
+
+def decode_alone(e: WorkerEngine, prompt: list[int], params: SamplingParams, n: int) -> list[int]:
+    """Greedy tokens of `prompt` decoded by itself, one token a call."""
+    e.prefill("alone", [("r", prompt[:-1])])
+    out = [prompt[-1]]
+    for _ in range(n):
+        out += e.draft("alone", 0, 1, [RowStep("r", out[-1:], params, 0)]).tokens[0]
+    e.release("alone")
+    return out[1:]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rows_that_come_and_go_in_any_order_decode_as_alone(seed: int) -> None:
+    """Rows join a running state and leave it at random, mid-decode; calls name them in a random order,
+    drafts of several tokens and verifies of random proposals leave rollbacks behind. Every row's tokens
+    are exactly those it gets decoded alone (free slots and the other rows change nothing)."""
+    rng = random.Random(seed)
+    e = engine()
+    prompts = {f"r{i}": [rng.randrange(1, 64) for _ in range(rng.randrange(2, 40))] for i in range(16)}
+    params = {r: SamplingParams(repetition_penalty=rng.choice([1.0, 1.0, 1.5])) for r in prompts}
+    wanted = {r: rng.randrange(1, 20) for r in prompts}   # when each row leaves
+    alone = {r: decode_alone(e, p, params[r], wanted[r] + 4) for r, p in prompts.items()}
+    waiting, live, done = list(prompts), {}, {}
+    rng.shuffle(waiting)
+    while waiting or live:
+        if waiting and (not live or rng.random() < 0.4):
+            new = [waiting.pop() for _ in range(min(len(waiting), rng.randrange(1, 6)))]
+            e.prefill("s", [(r, prompts[r][:-1]) for r in new])
+            live.update({r: Decoding([prompts[r][-1]], params[r]) for r in new})
+        order = list(live)
+        rng.shuffle(order)
+        if rng.random() < 0.5:
+            window = rng.randrange(1, 4)
+            out = e.draft("s", 0, window, [RowStep(r, live[r].pending, live[r].params, 0, live[r].rollback)
+                                           for r in order])
+            for r, tokens in zip(order, out.tokens):
+                back = rng.randrange(0, window)      # the state holds pending + tokens[:-1]; drop some of those
+                live[r].generated += tokens
+                live[r].pending, live[r].rollback = tokens[window - 1 - back:], back
+        else:
+            proposals = {r: [rng.randrange(1, 64) for _ in range(rng.randrange(0, 4))] for r in order}
+            for r in order:   # a proposal that starts right, sometimes
+                if proposals[r] and rng.random() < 0.5:
+                    proposals[r][0] = alone[r][len(live[r].generated)]
+            out = e.verify("s", 1, [VerifyRow(r, live[r].pending, live[r].params, 0, live[r].rollback,
+                                              proposal=proposals[r]) for r in order], hand_up=False)
+            for r, tokens, accepted in zip(order, out.tokens, out.accepted):
+                live[r].generated += tokens
+                live[r].pending, live[r].rollback = tokens[-1:], len(proposals[r]) - accepted
+        leaving = [r for r in live if len(live[r].generated) >= wanted[r]]
+        if leaving:
+            e.release("s", leaving)
+            done.update({r: live.pop(r).generated for r in leaving})
+    assert e.state_ids() == []
+    assert sorted(done) == sorted(prompts)
+    for r, generated in done.items():
+        assert generated == alone[r][: len(generated)], r

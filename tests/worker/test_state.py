@@ -1,4 +1,5 @@
-"""The validity mask: rollback, truncation, compaction, join and leave keep logits exact."""
+"""The validity mask: rollback, truncation, compaction, join and leave keep logits exact; rows come and go
+through free slots without copying the others."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specrouter.worker.forward import ModelForward
-from specrouter.worker.state import StateError
+from specrouter.worker.state import FREE_SLOT_FRACTION, MaskedKVState, StateError
 from tests.conftest import tiny_llama
 
 ATOL = 1e-5  # fp32; measured differences are ~1e-7
@@ -119,7 +120,8 @@ def test_rows_join_and_leave(fwd: ModelForward) -> None:
 
 def test_decode_steps_write_into_the_room_without_copying_the_cache(fwd: ModelForward) -> None:
     """After a prefill the buffer has room: each one-token step, and a rollback then a step, writes in place
-    (same storage); a join builds new tensors and the next step makes room again. Logits stay exact."""
+    (same storage); a join without a free slot grows the buffers by a slot, with room, so the next step
+    writes in place again. Logits stay exact."""
     state = fwd.empty_state(["a"])
     seq = [3, 1, 4, 1, 5, 9, 2, 6]
     append(fwd, state, [seq])
@@ -141,9 +143,10 @@ def test_decode_steps_write_into_the_room_without_copying_the_cache(fwd: ModelFo
     other = fwd.empty_state(["b"])
     append(fwd, other, [[2, 7, 1, 8]])
     state.join(other)
-    assert state.key_room is None
+    room = state.key_room[0].data_ptr()
+    assert state.slots == ["a", "b"] and state.key_room[0].shape[2] > state.length
     logits = append(fwd, state, [[9], [9]])
-    assert state.key_room is not None and state.key_room[0].shape[2] > state.length
+    assert state.key_room[0].data_ptr() == room
     torch.testing.assert_close(logits[0, -1], fresh_logits(fwd, seq + [9])[-1], atol=ATOL, rtol=0)
     torch.testing.assert_close(logits[1, -1], fresh_logits(fwd, [2, 7, 1, 8, 9])[-1], atol=ATOL, rtol=0)
 
@@ -156,3 +159,130 @@ def test_the_room_grows_when_a_block_outruns_it(fwd: ModelForward) -> None:
     logits = append(fwd, state, [seq[3:]])
     assert state.key_room[0].shape[2] >= len(seq)
     torch.testing.assert_close(logits[0], fresh_logits(fwd, seq)[3:], atol=ATOL, rtol=0)
+
+
+# -- slots: rows leave and join in place -------------------------------------------------------------
+
+def fresh_kv(fwd: ModelForward, tokens: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Keys and values of a row prefilled alone with its logical sequence: per layer [H, len, D]."""
+    state = fwd.empty_state(["r"])
+    if tokens:
+        append(fwd, state, [tokens])
+    return [k[0] for k in state.keys], [v[0] for v in state.values]
+
+
+def prefilled(fwd: ModelForward, rows: dict[str, list[int]]) -> MaskedKVState:
+    state = fwd.empty_state(list(rows))
+    append(fwd, state, list(rows.values()))
+    return state
+
+
+def assert_rows_are(fwd: ModelForward, state: MaskedKVState, logical: dict[str, list[int]]) -> None:
+    """Every live slot holds exactly its row's tokens, keys and values (as if prefilled alone); every free
+    slot is all holes."""
+    assert sorted(state.row_ids) == sorted(logical)
+    assert state.live_holes() == state.slots.count(None)
+    for s, r in enumerate(state.slots):
+        mask = state.mask[s]
+        if r is None:
+            assert not bool(mask.any())
+            continue
+        assert state.row_tokens(s) == logical[r]
+        keys, values = fresh_kv(fwd, logical[r])
+        for layer in range(len(keys)):
+            torch.testing.assert_close(state.keys[layer][s][:, mask], keys[layer], atol=ATOL, rtol=0)
+            torch.testing.assert_close(state.values[layer][s][:, mask], values[layer], atol=ATOL, rtol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_rows_leave_and_join_through_slots_as_if_built_from_scratch(fwd: ModelForward, data) -> None:
+    """Any sequence of leaves, joins (shorter or longer than the state, past its room), blocks and
+    rollbacks: every live row's keys, values, tokens and mask equal those of the row built alone, and a
+    last block's logits equal a fresh prefill."""
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
+    names = iter(f"r{i}" for i in range(100))
+    logical = {next(names): [rng.randrange(1, 64) for _ in range(rng.randrange(1, 6))]
+               for _ in range(rng.randrange(1, 9))}
+    state = prefilled(fwd, logical)
+    for _ in range(data.draw(st.integers(1, 8))):
+        op = data.draw(st.sampled_from(["leave", "join", "extend", "rollback"]))
+        if op == "leave" and logical:
+            gone = rng.sample(sorted(logical), min(len(logical), rng.choice([1, 1, 2, 3, 8])))
+            state.leave(gone)
+            for r in gone:
+                del logical[r]
+            assert state.live_holes() <= FREE_SLOT_FRACTION * state.batch_size
+        elif op == "join" or not logical:
+            longest = data.draw(st.sampled_from([5, 20, 100]))
+            new = {next(names): [rng.randrange(1, 64) for _ in range(rng.randrange(1, longest + 1))]
+                   for _ in range(rng.randrange(1, 4))}
+            state.join(prefilled(fwd, new))
+            logical.update(new)
+        elif op == "extend":
+            seqs = [[rng.randrange(1, 64) for _ in range(rng.randrange(0, 5))] if r else [] for r in state.slots]
+            append(fwd, state, seqs if any(seqs) else [[]] * state.batch_size)
+            for r, s in zip(state.slots, seqs):
+                if r is not None:
+                    logical[r] += s
+        else:
+            counts = [rng.randrange(0, len(logical[r]) + 1) if r else 0 for r in state.slots]
+            state.rollback(torch.tensor(counts))
+            for r, c in zip(state.slots, counts):
+                if r is not None:
+                    logical[r] = logical[r][: len(logical[r]) - c]
+        assert_rows_are(fwd, state, logical)
+    if not logical:
+        return
+    seqs = [[rng.randrange(1, 64) for _ in range(rng.randrange(1, 4))] if r else [] for r in state.slots]
+    logits = append(fwd, state, seqs)
+    for s, (r, seq) in enumerate(zip(state.slots, seqs)):
+        if r is not None:
+            expected = fresh_logits(fwd, logical[r] + seq)[len(logical[r]):]
+            torch.testing.assert_close(logits[s, : len(seq)], expected, atol=ATOL, rtol=0)
+    assert torch.isfinite(logits).all()
+
+
+def test_a_row_leaves_and_another_joins_in_place(fwd: ModelForward) -> None:
+    """The leaving row's slot is freed and the joining row written into it, in the same buffers, even when
+    the new row is longer than the state (its columns come out of the room)."""
+    logical = {"a": [1, 2, 3], "b": [4, 5, 6, 7], "c": [8], "d": [9, 10]}
+    state = prefilled(fwd, logical)
+    rooms = [state.key_room[0].data_ptr(), state.value_room[0].data_ptr()]
+    state.leave(["b"])
+    assert state.slots == ["a", None, "c", "d"] and state.batch_size == 4 and state.live_holes() == 1
+    del logical["b"]
+    assert_rows_are(fwd, state, logical)
+    logical["e"] = [11, 12, 13, 14, 15, 16]
+    state.join(prefilled(fwd, {"e": logical["e"]}))
+    assert state.slots == ["a", "e", "c", "d"] and state.length == 6
+    assert [state.key_room[0].data_ptr(), state.value_room[0].data_ptr()] == rooms
+    assert state.keys[0].data_ptr() == rooms[0]
+    assert_rows_are(fwd, state, logical)
+    logits = append(fwd, state, [[20], [21], [22], [23]])
+    assert state.key_room[0].data_ptr() == rooms[0]
+    for s, r in enumerate(state.slots):
+        torch.testing.assert_close(logits[s, 0], fresh_logits(fwd, logical[r] + [20 + s])[-1], atol=ATOL, rtol=0)
+
+
+def test_slots_are_compacted_exactly_when_more_than_a_quarter_are_free(fwd: ModelForward) -> None:
+    logical = {r: [i + 1] * (i + 1) for i, r in enumerate("abcdefgh")}
+    state = prefilled(fwd, logical)
+    room = state.key_room[0].data_ptr()
+    state.leave(["b"])
+    state.leave(["h"])   # 2 of 8 free: 0.25, not more
+    assert state.slots == ["a", None, "c", "d", "e", "f", "g", None] and state.key_room[0].data_ptr() == room
+    state.leave(["d"])   # 3 of 8
+    assert state.slots == ["a", "c", "e", "f", "g"] and state.live_holes() == 0
+    assert state.length == 7 and state.key_room[0].data_ptr() != room
+    for r in "bdh":
+        del logical[r]
+    assert_rows_are(fwd, state, logical)
+    state.leave(["a"])   # 1 of 5
+    assert state.slots == [None, "c", "e", "f", "g"]
+    state.join(prefilled(fwd, {"x": [7], "y": [8, 9]}))   # one into the free slot, one appended
+    assert state.slots == ["x", "c", "e", "f", "g", "y"]
+    state.leave(["c", "e"])   # 2 of 6
+    assert state.slots == ["x", "f", "g", "y"]
+    with pytest.raises(StateError):
+        state.leave(["c"])
