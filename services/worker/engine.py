@@ -94,7 +94,7 @@ class WorkerEngine:
     def live_rows(self) -> int:
         """Rows held across every state (requests in flight on this model)."""
         with self._lock:
-            return sum(s.batch_size for s in self._states.values())
+            return sum(len(s.row_ids) for s in self._states.values())   # free slots are no rows
 
     def state(self, state_id: str) -> MaskedKVState:
         state = self._states.get(state_id)

@@ -70,6 +70,16 @@ def test_release_of_some_rows_keeps_the_others() -> None:
     assert e.state_ids() == []
 
 
+def test_live_rows_count_rows_not_free_slots() -> None:
+    e = engine()
+    e.prefill("s", [(r, [1, 2]) for r in "abcde"])
+    e.prefill("t", [("f", [3])])
+    e.release("s", ["c"])   # one slot of five free: kept in place
+    assert e.state("s").batch_size == 5 and e.live_rows() == 5
+    e.release("s")
+    assert e.live_rows() == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_reduced_precision_chains_run_and_agree_with_target_only(dtype) -> None:
     engines = {n: WorkerEngine(n, ModelForward(tiny_llama(seed, h, l, sharpness=4.0).to(dtype)))
