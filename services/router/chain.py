@@ -129,9 +129,8 @@ def out_of_memory(cause: BaseException) -> bool:
     """Whether a worker's error says it ran out of memory: RESOURCE_EXHAUSTED from a remote worker, the
     allocator's own error (torch's OutOfMemoryError, MemoryError) from an engine in this process. Such a call
     may have stopped half way through, so the rows' states on that worker are no longer known."""
-    if isinstance(cause, grpc.Call):
-        return cause.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    return isinstance(cause, MemoryError) or type(cause).__name__ == "OutOfMemoryError"
+    code = cause.code() if isinstance(cause, grpc.Call) else protocol.status_for(cause)
+    return code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class RowFailed(RuntimeError):
@@ -165,9 +164,7 @@ def row_failure(exc: RowsFailed) -> RowFailed:
     if isinstance(exc.cause, grpc.Call):
         worker_code, details = exc.cause.code(), exc.cause.details()
     else:
-        from specrouter.worker.server import status_for   # an in-process worker: the worker's own mapping
-
-        worker_code, details = status_for(exc.cause), str(exc.cause)
+        worker_code, details = protocol.status_for(exc.cause), str(exc.cause)   # an engine in this process
     code = worker_code if worker_code in _ROW_ADVICE else grpc.StatusCode.UNAVAILABLE
     return RowFailed(code, f"the worker of {exc.model} cannot go on with this request ({details}); {_ROW_ADVICE[code]}")
 

@@ -20,7 +20,8 @@ GREEDY_TEMPERATURE = 0.0
 MIN_TEMPERATURE = 1e-2
 MIN_REPETITION_PENALTY = 1e-2
 
-__all__ = ["GREEDY_TEMPERATURE", "ForwardTiming", "RowStep", "SamplingParams", "StepResult", "VerifyRow"]
+__all__ = ["GREEDY_TEMPERATURE", "ContextLengthError", "ForwardTiming", "RowError", "RowStateError", "RowStep",
+           "SamplingParams", "StateError", "StepResult", "UnknownStateError", "VerifyRow"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +86,34 @@ class StepResult:
     @property
     def forward_ns(self) -> int:
         return sum(t.forward_ns for t in self.timings)
+
+
+# -- the errors a call can end with (protocol.status_for maps them to gRPC status codes) ----------------
+
+
+class StateError(ValueError):
+    """A state operation that the state cannot honour (too long a rollback, unknown rows, ...)."""
+
+
+class UnknownStateError(KeyError):
+    """No state with this id (never created, released, or reclaimed after its TTL)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown state"
+
+
+class RowError(ValueError):
+    """A call that cannot be honoured for some of its rows (`row_ids`), for reasons of those rows alone. It
+    is raised before the call changes anything, so the same call without those rows can go ahead."""
+
+    def __init__(self, message: str, row_ids: Sequence[str]):
+        super().__init__(message)
+        self.row_ids = tuple(row_ids)
+
+
+class RowStateError(RowError, StateError):
+    """Rows whose state cannot honour the call: not in the state, too long a rollback, no pending token."""
+
+
+class ContextLengthError(RowStateError):
+    """Rows would grow past the model's context length."""

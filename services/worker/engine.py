@@ -18,35 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from specrouter.worker import rows as wire
-from specrouter.worker.calls import ForwardTiming, RowStep, StepResult, VerifyRow
+from specrouter.worker.calls import (ContextLengthError, ForwardTiming, RowError, RowStateError, RowStep, StateError,
+                                     StepResult, UnknownStateError, VerifyRow)
 from specrouter.worker.forward import ModelForward
 from specrouter.worker.sampling import BatchSampling, next_token_probs, row_uniforms, sample, token_presence
-from specrouter.worker.state import MaskedKVState, StateError
+from specrouter.worker.state import MaskedKVState
 from specrouter.worker.verify import proposal_similarity, verify_greedy, verify_proposal
-
-
-class UnknownStateError(KeyError):
-    """No state with this id (never created, released, or reclaimed after its TTL)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "unknown state"
-
-
-class RowError(ValueError):
-    """A call that cannot be honoured for some of its rows (`row_ids`), for reasons of those rows alone. It
-    is raised before the call changes anything, so the same call without those rows can go ahead."""
-
-    def __init__(self, message: str, row_ids: Sequence[str]):
-        super().__init__(message)
-        self.row_ids = tuple(row_ids)
-
-
-class RowStateError(RowError, StateError):
-    """Rows whose state cannot honour the call: not in the state, too long a rollback, no pending token."""
-
-
-class ContextLengthError(RowStateError):
-    """Rows would grow past the model's context length."""
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import grpc
 import torch
 
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.worker import rows as wire
-from specrouter.worker.calls import ForwardTiming, RowStep, SamplingParams, StepResult, VerifyRow
+from specrouter.worker.calls import (ContextLengthError, ForwardTiming, RowStep, SamplingParams, StateError, StepResult,
+                                     UnknownStateError, VerifyRow)
 
 
 def sampling_to_pb(s: SamplingParams) -> pb.Sampling:
@@ -119,3 +121,19 @@ def failed_rows_from_metadata(metadata) -> tuple[str, ...]:
                 return ()
             return tuple(r for r in rows if isinstance(r, str)) if isinstance(rows, list) else ()
     return ()
+
+
+def status_for(exc: Exception) -> grpc.StatusCode:
+    """The one place where a call's errors become gRPC status codes: the worker's server answers with it, and
+    the router reads an engine's error in process with it as it would the status over the wire."""
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):   # the router makes the batch smaller
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, UnknownStateError):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, ContextLengthError):
+        return grpc.StatusCode.OUT_OF_RANGE
+    if isinstance(exc, StateError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INTERNAL

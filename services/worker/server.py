@@ -19,11 +19,10 @@ from specrouter.v1 import worker_pb2_grpc
 from specrouter.worker import protocol
 from specrouter.worker.calls import RowStep, SamplingParams, VerifyRow
 from specrouter.worker.compute import ComputeLoop
-from specrouter.worker.engine import ContextLengthError, EngineSettings, UnknownStateError, WorkerEngine
+from specrouter.worker.engine import EngineSettings, WorkerEngine
 from specrouter.worker.forward import ModelForward
 from specrouter.worker.prometheus import WorkerMetrics
 from specrouter.worker.settings import WorkerSettings
-from specrouter.worker.state import StateError
 
 log = logging.getLogger(__name__)
 
@@ -32,26 +31,11 @@ ROW_BYTES_PER_ENTRY = 2      # fp16; a row is sent sparse only when that is smal
 MESSAGE_HEADROOM = 4 * 2**20
 
 
-def status_for(exc: Exception) -> grpc.StatusCode:
-    """The one place where domain errors become gRPC status codes."""
-    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):   # the router makes the batch smaller
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, UnknownStateError):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, ContextLengthError):
-        return grpc.StatusCode.OUT_OF_RANGE
-    if isinstance(exc, StateError):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, ValueError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return grpc.StatusCode.INTERNAL
-
-
 def _handle(call: Callable[[], object], context: grpc.ServicerContext):
     try:
         return call()
     except Exception as exc:  # noqa: BLE001 - mapped to a status, never leaked as a traceback
-        code = status_for(exc)
+        code = protocol.status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("internal error")
         elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:

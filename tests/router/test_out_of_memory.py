@@ -17,7 +17,7 @@ from specrouter.router.chain import OutOfMemory, out_of_memory
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for
 from specrouter.worker.calls import SamplingParams
-from specrouter.worker.server import status_for as worker_status_for
+from specrouter.worker.protocol import status_for as worker_status_for
 from tests.router.test_row_isolation import CONTEXT, PROMPTS, engine, outcome, served
 
 NEW = 16
