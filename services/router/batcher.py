@@ -21,16 +21,14 @@ import logging
 import queue
 import threading
 import time
-import uuid
-from collections import Counter, defaultdict, deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from specrouter.router.breakdown import CycleBreakdown
 from specrouter.router.chain import (FINISH_STOP, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, OutOfMemory, Row,
                                      RowsFailed, WorkerCallFailed, out_of_memory, row_failure)
+from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.workers import Worker
@@ -42,50 +40,6 @@ IDLE_WAIT_S = 0.05
 ChooseChain = Callable[[ChainBatch, tuple[str, ...] | None, int], tuple[tuple[str, ...], int]]
 # after each cycle: (batch, report, rows, wall time of the whole cycle in ns, whether the router chose it)
 CycleDone = Callable[[ChainBatch, CycleReport, list[Row], int, bool], None]
-
-
-@dataclass(frozen=True)
-class Emitted:
-    token_ids: list[int]
-
-
-@dataclass(frozen=True)
-class Finished:
-    finish_reason: str
-    token_ids: list[int]
-    stats: dict
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: Exception
-
-
-@dataclass
-class RequestHandle:
-    """A client's view of one request: events arrive on `events`; `cancel` may be called at any time."""
-
-    request: GenerationRequest
-    row_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    events: queue.Queue = field(default_factory=queue.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    arrived_ns: int = field(default_factory=time.perf_counter_ns)
-    joined_ns: int = 0
-    chain_counts: Counter = field(default_factory=Counter)
-    accepted: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    span_context: trace.SpanContext | None = None  # the request's span, parent of its cycles
-    breakdown: CycleBreakdown = field(default_factory=CycleBreakdown)
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    def stats(self, row: Row) -> dict:
-        now = time.perf_counter_ns()
-        return {"cycles": row.cycle, "chain_counts": dict(self.chain_counts),
-                "accepted_per_level": {m: sum(v) / len(v) for m, v in self.accepted.items() if v},
-                "prompt_tokens": row.prompt_len, "generated_tokens": len(row.generated),
-                "queue_ns": self.joined_ns - self.arrived_ns, "total_ns": now - self.arrived_ns,
-                "seed": row.sampling.seed, "breakdown": self.breakdown}
 
 
 class Batcher:
@@ -416,7 +370,3 @@ class Batcher:
         handle = self._handles.pop(row_id, None)
         if handle is not None:
             handle.events.put(Failed(exc))
-
-
-class CancelledError(RuntimeError):
-    """The client went away or its deadline passed."""

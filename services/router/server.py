@@ -17,7 +17,8 @@ from specrouter.tls import ClientTLS, ServerTLS
 from specrouter.router.auth import BearerTokenInterceptor
 from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
-from specrouter.router.batcher import Batcher, CancelledError, Emitted, Failed, Finished, RequestHandle
+from specrouter.router.batcher import Batcher
+from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle
 from specrouter.router.chain import ChainBatch, CycleReport, OutOfMemory, Row, RowFailed, WorkerCallFailed
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.measurements import Reporter, SnapshotCache

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from specrouter.router.batcher import Batcher, Failed, Finished
+from specrouter.router.batcher import Batcher
+from specrouter.router.handles import Failed, Finished
 from specrouter.router.requests import GenerationRequest
 from specrouter.worker.calls import SamplingParams
 

@@ -12,7 +12,8 @@ import grpc
 import pytest
 import torch
 
-from specrouter.router.batcher import Batcher, Failed, Finished
+from specrouter.router.batcher import Batcher
+from specrouter.router.handles import Failed, Finished
 from specrouter.router.chain import OutOfMemory, out_of_memory
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for

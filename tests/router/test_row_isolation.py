@@ -11,7 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from specrouter.router.batcher import Batcher, Failed, Finished
+from specrouter.router.batcher import Batcher
+from specrouter.router.handles import Failed, Finished
 from specrouter.router.remote import RemoteWorker
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for

@@ -12,7 +12,8 @@ import pytest
 
 from specrouter.client import Client, UnavailableError
 
-from specrouter.router.batcher import Batcher, Failed, Finished
+from specrouter.router.batcher import Batcher
+from specrouter.router.handles import Failed, Finished
 from specrouter.worker.engine import WorkerEngine
 from specrouter.worker.forward import ModelForward
 from tests.conftest import DEMO_POOL, tiny_llama
