@@ -184,11 +184,21 @@ def test_a_request_over_a_limit_is_refused_by_name(router, client, stream) -> No
     assert r.admission.counts() == (0, 0)
 
 
+def test_streams_hold_their_places_while_they_generate(router, client) -> None:
+    r, _ = router
+    holders = [client.generate_stream(PROMPT, max_new_tokens=LONG, chain="target") for _ in range(2)]
+    firsts = [next(h) for h in holders]   # a first chunk says the request is generating
+    assert r.admission.counts() == (2, 0)
+    held = [[t for c in [first, *rest] for t in c.token_ids] for first, rest in zip(firsts, holders)]
+    expected = client.generate(PROMPT, max_new_tokens=LONG, chain="target").token_ids
+    assert held == [expected, expected]
+    assert r.admission.counts() == (0, 0)
+
+
 def test_a_burst_past_the_line_is_refused_and_the_admitted_requests_are_exact(router, client) -> None:
     r, address = router
-    # two long streams take both places; their first chunks say they are generating
-    holders = [client.generate_stream(PROMPT, max_new_tokens=LONG, chain="target") for _ in range(2)]
-    firsts = [next(h) for h in holders]
+    # the test holds both places itself, so they stay taken however fast the target generates
+    places = [r.admission.enter(), r.admission.enter()]
     assert r.admission.counts() == (2, 0)
     # a request whose deadline passes while it waits in line leaves it
     with Client(address, timeout_s=0.5) as hurried:
@@ -209,16 +219,17 @@ def test_a_burst_past_the_line_is_refused_and_the_admitted_requests_are_exact(ro
     burst = [threading.Thread(target=ask, args=(k,)) for k in range(5)]
     for t in burst:
         t.start()
-    held = [[t for c in [first, *rest] for t in c.token_ids] for first, rest in zip(firsts, holders)]
-    for t in burst:
-        t.join(WAIT_S)
+    eventually(lambda: sum(isinstance(o, SpecRouterError) for o in outcomes) == 3
+               and r.admission.counts() == (2, 2), "the burst did not leave two in line and three refused")
     refused = [o for o in outcomes if isinstance(o, SpecRouterError)]
-    assert len(refused) == 3, outcomes
     for err in refused:
         assert isinstance(err, OverloadedError) and err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "2 requests generating (max_in_flight) and 2 waiting (max_queued)" in err.message
+    for place in places:   # the places pass to the two in line, first come first served
+        place.release()
+    for t in burst:
+        t.join(WAIT_S)
     # the server answers on, and every admitted request got the target's own output
-    expected = client.generate(PROMPT, max_new_tokens=LONG, chain="target").token_ids
-    assert held == [expected, expected]
-    assert [o for o in outcomes if not isinstance(o, SpecRouterError)] == [expected[:SHORT]] * 2
+    expected = client.generate(PROMPT, max_new_tokens=SHORT, chain="target").token_ids
+    assert [o for o in outcomes if not isinstance(o, SpecRouterError)] == [expected] * 2
     assert r.admission.counts() == (0, 0)
