@@ -66,6 +66,8 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {exc.details()}"
         return grpc.StatusCode.INTERNAL, f"{worker} failed: {code.name}: {exc.details()}"
+    if isinstance(exc, ConnectionError):   # an in-process stand-in for a worker that is gone
+        return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {exc}"
     prefix = "" if model is None else f"{worker} failed: "
     return grpc.StatusCode.INTERNAL, f"{prefix}{type(exc).__name__}: {exc}"
 
