@@ -24,6 +24,7 @@ from specrouter.router.replicas import ReplicaSet
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for
 from specrouter.worker.calls import SamplingParams
+from tests.router.test_replicas import Fleet
 from tests.router.test_row_isolation import CONTEXT, engine, outcome
 
 PROMPTS = [[5, 9, 3, 17, 2], [7, 1, 40, 22], [11, 12, 13]]
@@ -78,6 +79,21 @@ def test_with_no_replica_of_the_target_left_a_batch_cannot_start() -> None:
     replicas = fakes(d=1)
     with pytest.raises(ModelUnavailable, match="no replica of the target t is left"):
         Placement(replicas, WorkerHealth(replicas, "t"), "t").place({})
+
+
+def test_a_replica_that_joins_takes_new_batches_and_one_that_leaves_takes_none() -> None:
+    fleet = Fleet({"worker-t": ["10.0.0.1"]}, {f"10.0.0.{i}:50052": {"model": "t"} for i in (1, 2)})
+    replicas = fleet.open(["dns:///worker-t:50052"])
+    placement = Placement(replicas, WorkerHealth(replicas, "t"), "t", random.Random(0))
+    [first] = replicas.of("t")
+    assert placement.place({id(first): 7}) == {"t": first}
+    fleet.names["worker-t"] = ["10.0.0.1", "10.0.0.2"]   # a pod joins
+    replicas.refresh()
+    second = fleet.connected["10.0.0.2:50052"]
+    assert placement.place({id(first): 2}) == {"t": second}
+    fleet.names["worker-t"] = ["10.0.0.2"]   # the first pod leaves
+    replicas.refresh()
+    assert placement.place({id(second): 5}) == {"t": second}
 
 
 def test_only_an_unreachable_worker_counts_as_lost() -> None:
