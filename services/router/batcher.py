@@ -5,10 +5,13 @@ leave the choice to the router, share a batch; each row keeps its own sampling p
 Between cycles the loop admits new requests (prefill joins them to their batch; those that came in
 during that prefill are admitted too, so a burst starts as one batch), drops cancelled ones (their
 worker rows are released), runs one cycle per batch, and hands emitted tokens to each request's
-handle. A worker that fails a call of a model other than the target takes that model out (`health`):
-its batch drops it and goes on over the chains that remain, with no row lost, and new batches start
-without it until its worker answers again; requests that named a chain through it fail UNAVAILABLE. A
-failing target fails the rows of its batch only. A call that a worker refuses for some rows alone (a row
+handle. Each batch runs on one replica of each model (`placement`), the least loaded when it starts. A
+replica that fails a call of a model other than the target is taken out (`health`): its batch drops the
+model and goes on over the chains that remain, with no row lost, and new batches start on the model's
+other replicas, or without it until one answers again; requests that named a chain through it fail
+UNAVAILABLE. A target replica that is lost moves its batch to another replica of the target, the rows
+joining again from their tokens with the same output (`_recover`); with none left, or on any other failure
+of the target, the rows of its batch fail, and only those. A call that a worker refuses for some rows alone (a row
 past its context, a row its state lost, a token it cannot take) ends those requests alone: the others run
 the cycle again (it emitted nothing), or are prefilled again without them, with the same output. A worker
 that runs out of memory in a cycle makes the batch smaller (`_shrink`): fewer rows, then a shorter window,
@@ -21,20 +24,21 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
 
 from specrouter.router.chain import (FINISH_STOP, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, OutOfMemory, Row,
                                      RowsFailed, WorkerCallFailed, out_of_memory, row_failure)
-from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle
+from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle, request_span
 from specrouter.router.health import ModelUnavailable, WorkerHealth
+from specrouter.router.placement import Placement
+from specrouter.router.replicas import ReplicaSet
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.workers import Worker
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer(__name__)
 IDLE_WAIT_S = 0.05
 
 ChooseChain = Callable[[ChainBatch, tuple[str, ...] | None, int], tuple[tuple[str, ...], int]]
@@ -43,13 +47,16 @@ CycleDone = Callable[[ChainBatch, CycleReport, list[Row], int, bool], None]
 
 
 class Batcher:
-    def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int, eos_token_id: int | None,
-                 choose_auto: ChooseChain, stop_check: Callable[[RequestHandle, Row], int | None] | None = None,
+    def __init__(self, workers: Mapping[str, Worker] | ReplicaSet, target: str, context_length: int,
+                 eos_token_id: int | None, choose_auto: ChooseChain,
+                 stop_check: Callable[[RequestHandle, Row], int | None] | None = None,
                  on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
                  on_cycle_done: CycleDone | None = None, prompt_positions: int = 0,
                  health: WorkerHealth | None = None, on_emitted: Callable[[int], None] | None = None):
-        self.workers = dict(workers)
-        self.health = health or WorkerHealth(self.workers, target)
+        # one worker per model, or every replica of each (a router's)
+        self.replicas = workers if isinstance(workers, ReplicaSet) else ReplicaSet.fixed(workers)
+        self.health = health or WorkerHealth(self.replicas, target)
+        self.placement = Placement(self.replicas, self.health, target)
         self.prompt_positions = prompt_positions   # prompt positions the models' guesses are compared on
         self.target = target
         self.context_length = context_length
@@ -104,6 +111,7 @@ class Batcher:
                 if not batch.rows and not self._waiting.get(key):
                     del self._batches[key]
                     self._waiting.pop(key, None)
+            self.replicas.close_retired(w for b in self._batches.values() for w in b.workers.values())
         for key, batch in self._batches.items():
             for row in list(batch.rows.values()):
                 self._fail(batch, row.row_id, RuntimeError("the router is shutting down"))
@@ -127,34 +135,35 @@ class Batcher:
         return True
 
     def _admit_group(self, key: tuple, group: list[RequestHandle]) -> None:
-        """Prefills `group` into the batch of `key`, on the models that are up; a model whose worker fails
-        the prefill is taken out and the prefill done again without it (once)."""
+        """Prefills `group` into the batch of `key` (a new one placed on the replicas with the least load), on the
+        models that are up; after a replica fails the prefill, it is done again without it (`_recover`)."""
         chain = key[0]
-        batch = self._batches.get(key) or ChainBatch(self.workers, self.target, self.context_length,
-                                                       prompt_positions=self.prompt_positions)
+        try:
+            batch = self._batches.get(key) or ChainBatch(self.placement.place(self._loads()), self.target,
+                                                           self.context_length, prompt_positions=self.prompt_positions)
+        except ModelUnavailable as exc:
+            for h in group:
+                h.events.put(Failed(exc))
+            return
         rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
                     h.request.max_new_tokens, self.stop_tokens) for h in group]
         room = batch.room()
         if room is not None and len(group) > room:   # the batch is bounded: the rest wait for room
             self._waiting[key].extend(zip(group[room:], rows[room:]))
             group, rows = group[:room], rows[:room]
-        model_retry = True
+        retries = len(self.replicas.members())   # each retry follows a replica taken out
         while group:
-            for model in self.health.down():
-                if model in batch.workers:
+            for model, worker in list(batch.workers.items()):
+                if model != self.target and not self.health.is_up(worker):
                     batch.drop_model(model)
-            missing = [m for m in chain or () if m not in batch.workers]
-            if missing:
-                why = self.health.down()
-                error = ModelUnavailable(f"model {missing[0]} of the chain {','.join(chain)} is unavailable "
-                                         f"({why.get(missing[0], 'its worker failed')}); retry, or ask for chain "
-                                         f"'auto', which runs without it")
+            error = self._missing(chain, batch)
+            if error is not None:
                 for h in group:
                     h.events.put(Failed(error))
                 return
             try:
                 started = time.perf_counter_ns()
-                with self._span("prefill", group, {"specrouter.rows": len(rows)}):
+                with request_span("prefill", group, {"specrouter.rows": len(rows)}):
                     batch.add(rows)
                 for h in group:
                     h.breakdown.prefill_ns += time.perf_counter_ns() - started
@@ -166,9 +175,8 @@ class Batcher:
                     group = [h for h in group if h.row_id not in exc.row_ids]
                     rows = [r for r in rows if r.row_id not in exc.row_ids]
                     continue
-                if model_retry and isinstance(exc, WorkerCallFailed) and exc.model != self.target:
-                    model_retry = False
-                    self.health.mark_down(exc.model, exc.cause)
+                if retries and isinstance(exc, WorkerCallFailed) and self._recover(key, batch, exc):
+                    retries -= 1
                     continue
                 log.warning("prefill failed: %s", exc)
                 for h in group:
@@ -200,6 +208,10 @@ class Batcher:
     def _cycle(self, key: tuple, batch: ChainBatch) -> None:
         started = time.perf_counter_ns()
         chain, window = key
+        error = self._missing(chain, batch)
+        if error is not None:   # a model its requests named failed, and no other replica of it took over
+            self._fail_batch(batch, chain, error)
+            return
         auto = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
         if auto:   # the scheduler's choice, within the chain or the window the requests named
             try:
@@ -215,7 +227,7 @@ class Batcher:
         attributes = {"specrouter.chain": ",".join(chain), "specrouter.window": window,
                       "specrouter.batch_size": len(rows)}
         try:
-            with self._span("cycle", [self._handles[r.row_id] for r in rows], attributes) as span:
+            with request_span("cycle", [self._handles[r.row_id] for r in rows], attributes) as span:
                 report = batch.step(chain, window)
                 for model, accepted in report.accepted.items():
                     span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
@@ -229,17 +241,10 @@ class Batcher:
             if out_of_memory(exc.cause):
                 self._shrink(key, batch, chain, window, exc)
                 return
-            if exc.model == self.target or exc.model not in batch.workers:
+            # nothing was emitted, and every other model's state of the rows is whole: the batch goes on
+            # without a drafter or intermediate verifier that failed, or on another replica of the model
+            if not self._recover(key, batch, exc):
                 self._fail_batch(batch, chain, exc)
-                return
-            # a drafter or intermediate verifier failed: nothing was emitted, every other model's state
-            # of the rows is whole; the batch goes on without it, unless its requests named it
-            self.health.mark_down(exc.model, exc.cause)
-            batch.drop_model(exc.model)
-            if key[0] is not None and exc.model in key[0]:
-                self._fail_batch(batch, chain, ModelUnavailable(
-                    f"model {exc.model} of the chain {','.join(key[0])} failed ({exc.cause}); retry, or ask "
-                    f"for chain 'auto', which runs without it"))
             return
         except Exception as exc:  # noqa: BLE001 - a worker failure fails this batch's requests
             self._fail_batch(batch, chain, exc)
@@ -269,7 +274,7 @@ class Batcher:
             self.on_cycle_done(batch, report, rows, cycle_ns, auto)
         finished = [r.row_id for r in rows if r.finish_reason is not None]
         if finished:
-            with self._span("release", [self._handles[r] for r in finished], {"specrouter.rows": len(finished)}):
+            with request_span("release", [self._handles[r] for r in finished], {"specrouter.rows": len(finished)}):
                 gone = batch.remove(finished)
             for row in gone:
                 handle = self._handles.pop(row.row_id)
@@ -324,10 +329,13 @@ class Batcher:
             return
         handles, rows = [h for h, _ in take], [r for _, r in take]
         try:
-            with self._span("prefill", handles, {"specrouter.rows": len(rows)}):
+            with request_span("prefill", handles, {"specrouter.rows": len(rows)}):
                 batch.add(rows)
         except Exception as exc:  # noqa: BLE001 - these requests fail, or wait again for less
             self._release(batch, rows)
+            if isinstance(exc, WorkerCallFailed) and self._recover(key, batch, exc):
+                waiting.extendleft(reversed(take))
+                return
             if isinstance(exc, WorkerCallFailed) and out_of_memory(exc.cause) and (batch.rows or len(rows) > 1):
                 batch.max_rows = len(batch.rows) + len(rows) // 2
                 waiting.extendleft(reversed(take))
@@ -341,6 +349,34 @@ class Batcher:
         for h in handles:
             self._handles[h.row_id] = h
 
+    def _loads(self) -> Counter[int]:
+        """Rows on each replica (by id), running or waiting to join their batch: what placement balances."""
+        loads: Counter[int] = Counter()
+        for key, batch in self._batches.items():
+            rows = len(batch.rows) + len(self._waiting.get(key, ()))
+            for worker in batch.workers.values():
+                loads[id(worker)] += rows
+        return loads
+
+    def _recover(self, key: tuple, batch: ChainBatch, exc: WorkerCallFailed) -> bool:
+        """Whether `batch` goes on after a call that failed as a whole (`Placement.recover`); rows that moved to
+        another replica of the target wait to join it again, first in line."""
+        rows = self.placement.recover(batch, exc, self._loads(), named=key[0] or ())
+        if rows is None:
+            return False
+        if rows:
+            self._waiting[key].extendleft(reversed([(self._handles.pop(r.row_id), r) for r in rows]))
+        return True
+
+    def _missing(self, chain: tuple[str, ...] | None, batch: ChainBatch) -> ModelUnavailable | None:
+        """The error for requests that named a chain through a model `batch` no longer has."""
+        missing = [m for m in chain or () if m not in batch.workers]
+        if not missing:
+            return None
+        why = self.health.down().get(missing[0], "its worker failed")
+        return ModelUnavailable(f"model {missing[0]} of the chain {','.join(chain)} is unavailable ({why}); retry, "
+                                "or ask for chain 'auto', which runs without it")
+
     @staticmethod
     def _fail_rows(exc: RowsFailed, handles: list[RequestHandle]) -> None:
         """Ends the requests of rows that a worker refused, each with its own error; their batch goes on."""
@@ -353,14 +389,6 @@ class Batcher:
         log.warning("cycle of chain %s failed: %s", ",".join(chain), exc)
         for row_id in list(batch.rows):
             self._fail(batch, row_id, exc)
-
-    @staticmethod
-    def _span(name: str, handles: list[RequestHandle], attributes: dict):
-        """A span under the oldest request's span, linked to the others' (a cycle serves them all)."""
-        contexts = [h.span_context for h in handles if h.span_context is not None and h.span_context.is_valid]
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(contexts[0])) if contexts else None
-        links = [trace.Link(c) for c in contexts[1:]]
-        return tracer.start_as_current_span(name, context=parent, links=links, attributes=attributes)
 
     def _fail(self, batch: ChainBatch, row_id: str, exc: Exception) -> None:
         try:

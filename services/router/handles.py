@@ -16,6 +16,8 @@ from specrouter.router.breakdown import CycleBreakdown
 from specrouter.router.chain import Row
 from specrouter.router.requests import GenerationRequest
 
+tracer = trace.get_tracer(__name__)
+
 
 @dataclass(frozen=True)
 class Emitted:
@@ -63,3 +65,11 @@ class RequestHandle:
 
 class CancelledError(RuntimeError):
     """The client went away or its deadline passed."""
+
+
+def request_span(name: str, handles: list[RequestHandle], attributes: dict):
+    """A span under the oldest request's span, linked to the others' (a prefill or a cycle serves them all)."""
+    contexts = [h.span_context for h in handles if h.span_context is not None and h.span_context.is_valid]
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(contexts[0])) if contexts else None
+    links = [trace.Link(c) for c in contexts[1:]]
+    return tracer.start_as_current_span(name, context=parent, links=links, attributes=attributes)

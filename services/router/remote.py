@@ -21,14 +21,24 @@ CallObserver = Callable[[str, str, float, str], None]
 class RemoteWorker:
     remote = True   # its calls run in another process: calls to several workers may overlap
     def __init__(self, address: str, channel: grpc.Channel | None = None, timeout_s: float = 60.0,
-                 tls: ClientTLS | None = None):
+                 tls: ClientTLS | None = None, wait_s: float | None = None, server_name: str | None = None):
+        """Connects and asks the worker's Info, waiting up to `wait_s` (default `timeout_s`) for it to answer.
+        `server_name`: the name its TLS certificate must carry, where `address` is an IP address its name
+        resolved to."""
         self.address = address
-        self.channel = channel or open_channel(
-            address, tls, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                              ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if tls is not None and server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        self.channel = channel or open_channel(address, tls, options=options)
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
         self.timeout_s = timeout_s
-        self.info = self.stub.Info(pb.InfoRequest(), timeout=timeout_s, wait_for_ready=True)
+        try:
+            self.info = self.stub.Info(pb.InfoRequest(), timeout=wait_s or timeout_s, wait_for_ready=True)
+        except grpc.RpcError:
+            if channel is None:
+                self.channel.close()
+            raise
         self.name = self.info.model_name
         self.vocab = self.info.vocab_size
         self.calls = self.bytes_sent = self.bytes_received = 0  # traffic counters, for benchmarks

@@ -24,6 +24,7 @@ from specrouter.router.health import ModelUnavailable
 from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.prometheus import RouterMetrics
 from specrouter.router.remote import RemoteWorker
+from specrouter.router.replicas import PoolMismatch, ReplicaSet, WorkerAddress
 from specrouter.pool.similarity import load_similarity
 from specrouter.profiler.metrics import Mode
 from specrouter.router.scheduling.scheduler import Scheduler
@@ -39,10 +40,6 @@ SEED_BITS = 62
 MAX_SCHEDULE_ROWS = 4096
 GRPC_MESSAGE_BYTES = 4 << 20     # gRPC's default bound on a received message
 REQUEST_OVERHEAD_BYTES = 64 << 10   # a request's fields other than the prompt (stop strings, chain, ...)
-
-
-class PoolMismatch(RuntimeError):
-    """The workers do not form a usable pool (tokenizers differ, a model is missing, ...)."""
 
 
 def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
@@ -66,19 +63,23 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {exc.details()}"
         return grpc.StatusCode.INTERNAL, f"{worker} failed: {code.name}: {exc.details()}"
+    if isinstance(exc, ConnectionError):   # an in-process stand-in for a worker that is gone
+        return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {exc}"
     prefix = "" if model is None else f"{worker} failed: "
     return grpc.StatusCode.INTERNAL, f"{prefix}{type(exc).__name__}: {exc}"
 
 
 class Router:
-    """The pool as the router sees it: workers, tokenizer, target, and the parts that run in the background
-    (the batcher's loop and worker probes, the scheduler's planner, the profiler's reports and snapshots).
-    `start` starts them, `close` stops them in order: the batcher first, so no cycle runs against a part
-    that has stopped."""
+    """The pool as the router sees it: the workers' replicas, tokenizer, target, and the parts that run in the
+    background (the batcher's loop and worker probes, finding replicas, the scheduler's planner, the profiler's
+    reports and snapshots). `start` starts them, `close` stops them in order: the batcher first, so no cycle
+    runs against a part that has stopped; the replicas' channels last."""
 
-    def __init__(self, settings: RouterSettings, workers: dict[str, RemoteWorker], upstream: ClientTLS | None = None):
+    def __init__(self, settings: RouterSettings, replicas: ReplicaSet, upstream: ClientTLS | None = None):
         self.settings = settings
-        self.workers = workers
+        self.replicas = replicas
+        # each model as its first replica describes it (the others agree: replicas.py)
+        workers = {m: replicas.reference(m) for m in replicas.models}
         self.tokenizer = load_tokenizer(settings.tokenizer_dir)
         fingerprint = tokenizer_fingerprint(settings.tokenizer_dir)
         differ = [n for n, w in workers.items() if w.info.tokenizer_sha256 != fingerprint]
@@ -94,8 +95,7 @@ class Router:
         self.limits = Limits(settings.max_prompt_bytes, settings.max_prompt_tokens, settings.max_new_tokens)
         self.admission = Admission(settings.max_in_flight, settings.max_queued)
         self.prometheus = RouterMetrics(self.admission)   # served at /metrics by the router's main
-        for worker in workers.values():
-            worker.observe_call = self.prometheus.observe_worker_call
+        replicas.on_join(self._observe)
         default = parse_chain(settings.default_chain, self.by_size, self.target) if settings.default_chain else None
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
         self.reporter = Reporter(settings.profiler or None, tls=upstream)
@@ -105,12 +105,13 @@ class Router:
         offline = load_similarity(settings.pool_dir) if settings.pool_dir else []
         self.scheduler = Scheduler(self.by_size, self.target, settings.scheduler, lambda: self.metrics.get()[0],
                                    warmup, offline)
-        self.batcher = Batcher(workers, self.target, self.context_length, self.tokenizer.eos_token_id,
+        self.batcher = Batcher(replicas, self.target, self.context_length, self.tokenizer.eos_token_id,
                                self.choose_auto, self.stop_check, self.reporter.observe, self.cycle_done,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
                                on_emitted=self.prometheus.tokens.inc)
 
     def start(self) -> None:
+        self.replicas.start()
         self.reporter.start()
         self.metrics.start()
         self.scheduler.start()
@@ -121,6 +122,10 @@ class Router:
         self.scheduler.close()
         self.reporter.close()
         self.metrics.close()
+        self.replicas.close()
+
+    def _observe(self, worker: RemoteWorker) -> None:
+        worker.observe_call = self.prometheus.observe_worker_call
 
     def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
                     window: int = 0) -> tuple[tuple[str, ...], int]:
@@ -288,8 +293,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         _refuse_undecodable(request, context)
         r = self.router
         return pb.ListModelsResponse(models=[
-            pb.ModelInfo(name=n, parameters=r.workers[n].info.parameters,
-                         role="target" if n == r.target else "draft", address=r.workers[n].address)
+            pb.ModelInfo(name=n, parameters=r.replicas.reference(n).info.parameters,
+                         role="target" if n == r.target else "draft",
+                         address=",".join(r.replicas.addresses(n)))
             for n in r.by_size])
 
     def Schedule(self, request, context):
@@ -354,13 +360,12 @@ def create_server(settings: RouterSettings, router: Router, tls: ServerTLS | Non
     return server, serving.listen(server, settings.host, settings.port, tls), health_servicer
 
 
-def connect_workers(settings: RouterSettings, upstream: ClientTLS | None = None) -> dict[str, RemoteWorker]:
-    workers = {}
-    for address in settings.workers:
-        w = RemoteWorker(address, timeout_s=settings.worker_timeout_s, tls=upstream)
-        if w.name in workers:
-            raise PoolMismatch(f"two workers serve {w.name!r} ({workers[w.name].address} and {address})")
-        workers[w.name] = w
-    if not workers:
-        raise PoolMismatch("no workers given: pass --workers HOST:PORT,...")
-    return workers
+def connect_workers(settings: RouterSettings, upstream: ClientTLS | None = None) -> ReplicaSet:
+    """Every replica that `settings.workers` names, each connected and its model known (replicas.py); once
+    the router starts, names are resolved again every `workers_resolve_s`. Over TLS a replica dialled at an
+    address its entry's name resolved to is checked against that name, as the entry itself would be."""
+    def connect(address: str, entry: WorkerAddress, wait_s: float) -> RemoteWorker:
+        return RemoteWorker(address, timeout_s=settings.worker_timeout_s, tls=upstream, wait_s=wait_s,
+                            server_name=None if entry.literal else entry.host)
+
+    return ReplicaSet.open(settings.workers, connect, settings.worker_timeout_s, settings.workers_resolve_s)

@@ -22,7 +22,10 @@ def setting_hint(name: str) -> str:
 class RouterSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__")
 
-    workers: list[str]                  # worker addresses, HOST:PORT, one per pool model
+    # worker addresses, HOST:PORT or dns:///HOST:PORT: each stands for every address its host resolves to,
+    # one replica each (a headless Service's name: its ready pods); every model of the pool, one or more times
+    workers: list[str]
+    workers_resolve_s: float = Field(5.0, gt=0)   # how often the names in `workers` are resolved again
     tokenizer_dir: Path                 # the target's tokenizer (a checkpoint directory)
     profiler: str = ""                  # profiler address; empty: no measurements are reported
     snapshot_refresh_s: float = 1.0     # how often the profiler's metrics are fetched for decisions

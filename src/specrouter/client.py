@@ -5,7 +5,9 @@
         result = client.generate("def fibonacci(n):", max_new_tokens=32)
         print(result.text, result.finish_reason, result.stats.cycles)
 
-Calls that find the router UNAVAILABLE are retried by gRPC's own retry policy (service config).
+Calls that find the router UNAVAILABLE are retried by gRPC's own retry policy (service config). The address
+may name several routers: `dns:///router-pods.specrouter.svc:50051` (a headless Service) or a HOST:PORT
+whose name resolves to several addresses; calls are spread over all of them, round robin.
 
 A router with TLS and a bearer token (docs/deployment.md, "TLS and tokens"):
 
@@ -33,14 +35,16 @@ from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
 
 SERVICE = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
-RETRY_POLICY = {
+SERVICE_CONFIG = {
+    # every address the target resolves to gets calls in turn (routers are stateless: any can take any call)
+    "loadBalancingConfig": [{"round_robin": {}}],
     "methodConfig": [{
         "name": [{"service": SERVICE}],
         "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.2s", "maxBackoff": "2s",
                         "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
     }]
 }
-CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(RETRY_POLICY))]
+CHANNEL_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(SERVICE_CONFIG))]
 TOKEN_ENV = "SPECROUTER_TOKEN"
 
 

@@ -18,6 +18,7 @@ from specrouter.cli import app
 from specrouter.profiler import __main__ as profiler_main
 from specrouter.profiler.settings import ProfilerSettings
 from specrouter.router import __main__ as router_main
+from specrouter.router.replicas import parse_address
 from specrouter.router.settings import RouterSettings
 from specrouter.worker import __main__ as worker_main
 from specrouter.worker.settings import WorkerSettings
@@ -101,11 +102,13 @@ def parse_healthcheck(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def port_of(address: str) -> int:
-    return int(address.rsplit(":", 1)[1])
+    """The port of HOST:PORT or dns:///HOST:PORT, as the router reads it."""
+    return parse_address(address).port
 
 
 def host_of(address: str) -> str:
-    return address.rsplit(":", 1)[0]
+    """The host (a Service's name) of HOST:PORT or dns:///HOST:PORT, as the router reads it."""
+    return parse_address(address).host
 
 
 def repo_path_of_image_path(path: Path) -> Path:

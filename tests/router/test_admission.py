@@ -135,9 +135,7 @@ def router(tmp_path_factory):
         yield router, f"127.0.0.1:{port}"
     finally:
         server.stop(0).wait()
-        router.close()
-        for w in router.workers.values():
-            w.close()
+        router.close()   # and its channels to the workers
         for w in workers:
             w.stop()
 

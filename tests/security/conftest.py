@@ -94,9 +94,7 @@ def router_server(workers: list[str], tls: ServerTLS | None = None, token: str |
         yield f"127.0.0.1:{port}"
     finally:
         server.stop(0)
-        router.close()
-        for w in router.workers.values():
-            w.close()
+        router.close()   # and its channels to the workers
 
 
 def rpc_code(call) -> grpc.StatusCode:
