@@ -26,6 +26,7 @@ from specrouter.router.server import status_for
 from specrouter.worker.calls import SamplingParams
 from tests.router.test_replicas import Fleet
 from tests.router.test_row_isolation import CONTEXT, engine, outcome
+from tests.router.test_worker_failover import prefer
 
 PROMPTS = [[5, 9, 3, 17, 2], [7, 1, 40, 22], [11, 12, 13]]
 PARAMS = [SamplingParams(), SamplingParams(temperature=0.9, top_k=20, seed=1234), SamplingParams()]
@@ -160,14 +161,6 @@ class Replicas:
 
     def states_on(self, label: str) -> set[str]:
         return {s for lb, _, s in self.calls if lb == label}
-
-
-def prefer(*chains):
-    def choose(batch, chain, window):
-        if chain is not None:
-            return chain, window or 3
-        return next(c for c in chains if set(c) <= set(batch.workers)), 3
-    return choose
 
 
 @contextlib.contextmanager
