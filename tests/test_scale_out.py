@@ -1,8 +1,9 @@
 """Scale-out on one machine, as in a cluster: two routers over two replicas of each demo-pool model (every
 worker a process on a port of its own), one profiler over one Redis. Clients send concurrent greedy requests,
 spread over both routers by the SDK's round robin; mid-run one replica of the target and then one of a
-drafter are killed (SIGKILL), each one that holds rows at that moment. No request is lost, every output is the
-target's own, and once no replica of the target is left a request fails UNAVAILABLE naming it."""
+drafter are killed (SIGKILL): the target's replica is the one a long request is generating on, the drafter's
+one that holds rows at that moment. No request is lost, every output is the target's own, and once no
+replica of the target is left a request fails UNAVAILABLE naming it."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ REPLICAS = 2
 CLIENTS = 6
 REQUESTS = 36
 NEW_TOKENS = 32
+HOLD_TOKENS = 256   # a request that is sure to be generating on its target replica when that is killed
 WAIT_S = 300.0   # bound on start-ups and on the run on a loaded machine (not a timing assertion)
 # the latency profile at start-up: one shape, not the grid; every worker on one thread (twelve share the cores)
 WORKER_ENV = {"SPECROUTER_WORKER_PROFILE_BATCH_SIZES": "[1]", "SPECROUTER_WORKER_PROFILE_TOKENS_PER_ROW": "[1]",
@@ -82,19 +84,29 @@ def rows_on(service: ServiceProcess) -> float:
     return scrape(service.metrics_url).value("specrouter_worker_rows")
 
 
-def kill_one_holding_rows(procs: dict[str, ServiceProcess], models: tuple[str, ...]) -> tuple[str, int]:
-    """SIGKILLs a replica of one of `models` while it holds rows (requests in flight on it): its name and rows."""
+def one_holding_rows(procs: dict[str, ServiceProcess], models: tuple[str, ...]) -> tuple[str, int]:
+    """A replica of one of `models` that holds rows (requests in flight on it): its name and rows."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         for name, service in procs.items():
             if name.rsplit("-", 1)[0] in models and service.alive():
                 rows = rows_on(service)
                 if rows:
-                    os.kill(service.proc.pid, signal.SIGKILL)
-                    service.proc.wait(30)
                     return name, int(rows)
         time.sleep(0.05)
     raise AssertionError(f"no replica of {models} held rows within {WAIT_S:.0f} s")
+
+
+def kill(service: ServiceProcess) -> None:
+    os.kill(service.proc.pid, signal.SIGKILL)
+    service.proc.wait(30)
+
+
+def kill_one_holding_rows(procs: dict[str, ServiceProcess], models: tuple[str, ...]) -> tuple[str, int]:
+    """SIGKILLs a replica of one of `models` while it holds rows: its name and rows."""
+    name, rows = one_holding_rows(procs, models)
+    kill(procs[name])
+    return name, rows
 
 
 @pytest.mark.slow
@@ -103,6 +115,7 @@ def test_two_routers_over_two_replicas_lose_no_request_when_replicas_are_killed(
     prompts = heldout_code_prompts(6)
     with Client(cluster["router-a"].address, timeout_s=WAIT_S) as client:
         expected = [client.generate(p, max_new_tokens=NEW_TOKENS, chain="target").token_ids for p in prompts]
+        expected_held = client.generate(prompts[0], max_new_tokens=HOLD_TOKENS, chain="target").token_ids
 
     work: queue.Queue[int] = queue.Queue()
     for i in range(REQUESTS):
@@ -122,16 +135,31 @@ def test_two_routers_over_two_replicas_lose_no_request_when_replicas_are_killed(
                 except SpecRouterError as exc:
                     failures[i] = exc
 
+    held: dict[str, list[int] | SpecRouterError] = {}
+
+    def hold() -> None:
+        with Client(cluster["router-a"].address, timeout_s=WAIT_S) as client:
+            try:
+                held["ids"] = client.generate(prompts[0], max_new_tokens=HOLD_TOKENS).token_ids
+            except SpecRouterError as exc:
+                held["ids"] = exc
+
     before = {r: scrape(cluster[r].metrics_url) for r in ("router-a", "router-b")}
+    # a long request alone first: the target replica that holds rows is its own, and it is still generating
+    # there when the replica is killed, so its batch must move
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    killed_target, _ = one_holding_rows(cluster, (TARGET,))
     clients = [threading.Thread(target=ask, daemon=True) for _ in range(CLIENTS)]
     for c in clients:
         c.start()
-    killed_target, target_rows = kill_one_holding_rows(cluster, (TARGET,))
+    target_rows = int(rows_on(cluster[killed_target]))
+    kill(cluster[killed_target])
     finished = len(outputs) + len(failures)
     while len(outputs) + len(failures) < finished + 2 and any(c.is_alive() for c in clients):
         time.sleep(0.05)
     killed_drafter, drafter_rows = kill_one_holding_rows(cluster, DRAFTERS)
-    for c in clients:
+    for c in [*clients, holder]:
         c.join(WAIT_S)
         assert not c.is_alive(), "a request hung"
 
@@ -141,16 +169,18 @@ def test_two_routers_over_two_replicas_lose_no_request_when_replicas_are_killed(
               for r in ("router-a", "router-b")}
     moved = [line for r in ("router-a", "router-b") for line in cluster[r].log_path.read_text().splitlines()
              if f"at {cluster[killed_target].address} failed" in line and "move to" in line]
+    lost_held = int(isinstance(held["ids"], SpecRouterError))
     with capsys.disabled():
-        print(f"\nscale-out: {REQUESTS} requests from {CLIENTS} clients over 2 routers (served "
+        print(f"\nscale-out: {REQUESTS + 1} requests from {CLIENTS + 1} clients over 2 routers (served "
               f"{served['router-a']:.0f} and {served['router-b']:.0f}), 2 replicas of each of {TARGET}, "
               f"{', '.join(DRAFTERS)}; killed "
               f"{killed_target} holding {target_rows} row(s) and {killed_drafter} holding {drafter_rows} row(s); "
-              f"batches moved off the target replica: {len(moved)}; requests lost: {len(failures)}")
+              f"batches moved off the target replica: {len(moved)}; requests lost: {len(failures) + lost_held}")
     assert not failures, failures
+    assert held["ids"] == expected_held, "the request on the killed target replica lost its way"
     assert sorted(outputs) == list(range(REQUESTS))
     assert all(outputs[i] == expected[i % len(prompts)] for i in outputs), "an output is not the target's own"
-    assert all(served.values()) and sum(served.values()) == REQUESTS, served
+    assert all(served.values()) and sum(served.values()) == REQUESTS + 1, served
     assert moved, "no router moved a batch off the killed target replica"
 
     # the target's last replica killed: requests fail UNAVAILABLE, naming it
