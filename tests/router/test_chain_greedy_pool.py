@@ -65,6 +65,7 @@ def test_target_only_equals_transformers_generate(pool, prompt_ids, reference) -
         assert ours == hf
 
 
+@pytest.mark.slow   # every chain of the pool at every window: the fast path keeps target-only and the router's statics
 @pytest.mark.parametrize("batch_size", BATCH_SIZES)
 def test_every_chain_and_window_is_exact(pool, prompt_ids, reference, batch_size) -> None:
     assert len(all_chains(pool)) >= 3

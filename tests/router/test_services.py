@@ -359,6 +359,7 @@ def test_schedule_ranks_every_candidate_and_shows_its_estimates(cluster, client)
     assert adaptive and all(ledger.predicted_emitted > 0 for ledger in adaptive)
 
 
+@pytest.mark.slow   # a short scheduler report, end to end
 def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"kind": k, "prompt": p}) for k, p in
