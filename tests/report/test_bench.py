@@ -451,3 +451,32 @@ def test_progress_without_a_terminal_prints_a_line_per_phase() -> None:
     lines = [line for line in out.getvalue().splitlines() if "waves" in line]
     assert [line.split(":")[0] for line in lines] == ["code B=1 warm-up", "code B=1 round 1/3", "code B=1 round 2/3"]
     assert "3/10 waves" in lines[1] and "10/10 waves" in lines[2]
+
+
+def test_peers_load_in_the_dtype_asked_and_decode_greedily_in_it(tiny_pool: Path) -> None:
+    half = hf.PeerModels.load(tiny_pool, device="cpu", dtype="bfloat16")
+    assert {p.dtype for m in half.models.values() for p in m.parameters()} == {torch.bfloat16}
+    prompt = half.encode("def parse(line):\n    return")
+    assert hf.generate_target(half, prompt, 6) == _greedy_loop(half.models[half.target], prompt, 6, half.eos_token_id)
+
+
+def test_the_bench_starts_its_cluster_on_the_device_and_dtype_of_its_peers(tiny_pool: Path, monkeypatch) -> None:
+    import specrouter.launcher
+    from specrouter.report.bench import run_bench
+    from specrouter.report.workloads import builtin_prompts
+
+    started = {}
+
+    class Stop(Exception):
+        pass
+
+    def cluster(pool_dir, log_dir, **kwargs):
+        started.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(specrouter.launcher, "LocalCluster", cluster)
+    settings = BenchSettings(kinds=("code",), batch_sizes=(1,), requests=2, max_new_tokens=4, rounds=1,
+                             windows=(2,), device="cpu", dtype="bfloat16")
+    with pytest.raises(Stop):
+        run_bench(tiny_pool, settings, builtin_prompts(2))
+    assert (started["device"], started["dtype"]) == ("cpu", "bfloat16")

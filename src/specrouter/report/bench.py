@@ -60,6 +60,8 @@ class BenchSettings:
     three_level_window: int = 4
     screening_waves: int = 2          # waves of a cell the screening runs over
     seed: int = 1234
+    device: str = "cpu"               # where the local cluster's workers and the in-process peers run
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -330,14 +332,15 @@ def run_bench(pool_dir: Path, settings: BenchSettings, prompts: Sequence[Prompt]
     from specrouter.launcher import LocalCluster
 
     check_kinds(prompts, settings.kinds)
-    peers = hf.PeerModels.load(pool_dir)
+    peers = hf.PeerModels.load(pool_dir, settings.device, settings.dtype)
     cells = workloads(prompts, settings, peers.encode)
     cluster = None
     try:
         if router is None:
             say("starting a local cluster of the pool ...")
             cluster = LocalCluster(pool_dir, Path(tempfile.mkdtemp(prefix="specrouter-bench-")), port=0,
-                                   redis_url=redis_url, on_start=lambda s: say(f"{s.name} up at {s.address}"))
+                                   redis_url=redis_url, dtype=settings.dtype, device=settings.device,
+                                   on_start=lambda s: say(f"{s.name} up at {s.address}"))
             router = cluster.router.address
         bench = Bench(router, peers, settings, progress)
         try:

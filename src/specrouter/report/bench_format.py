@@ -122,7 +122,8 @@ def format_markdown(report: BenchReport) -> str:
     lines = ["# SpecRouter bench", "",
              f"Greedy, {s.max_new_tokens} new tokens a request, {s.rounds} rounds (median; range min-max), "
              f"screening windows {', '.join(map(str, s.windows))}, three-level window {s.three_level_window}; "
-             f"models {', '.join(f'{m.name} ({m.parameters:,})' for m in report.models)}; "
+             f"models {', '.join(f'{m.name} ({m.parameters:,})' for m in report.models)}, {s.dtype} on "
+             f"{s.device}; "
              f"{report.seconds / 60:.1f} min.", "",
              "## Tokens/s and ratio to in-process target-only", "",
              f"Ratios are over transformers' target-only `generate` at the cell's batch size ({HF_TARGET}: one "

@@ -131,6 +131,9 @@ def bench(
     windows: str = typer.Option("2,3,4,5,6", help="Draft windows the two-level screening searches."),
     three_level_window: int = typer.Option(4, help="Draft window of the three-level chain."),
     redis_url: str = typer.Option(None, help="Redis for the local cluster's profiler (default: in memory)."),
+    device: str = typer.Option("cpu", help="Device of the local cluster's workers and of the in-process peers "
+                                           "(cpu, cuda, cuda:1, ...); with --router, that router's workers' device."),
+    dtype: str = typer.Option("float32", help="float32, float16 or bfloat16, on both sides."),
     out: Path = typer.Option(Path(".cache/bench"), help="Directory for bench.json, bench.md and bench.png."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
@@ -139,7 +142,7 @@ def bench(
     import json
 
     from specrouter.client import SpecRouterError
-    from specrouter.pool.load import PoolDir
+    from specrouter.pool.load import PoolDir, parse_dtype
     from specrouter.pool.manifest import PoolError
     from specrouter.report import workloads
     from specrouter.report.bench import (DEFAULT_KINDS, SWITCHING, SWITCHING_PAIR, BenchError, BenchSettings,
@@ -169,11 +172,12 @@ def bench(
             raise BenchError(f"--kinds needs at least one kind, got {kinds!r}")
         check_kinds(items, asked)
         pool_dir = PoolDir.open(pool or default_pool()).directory
+        parse_dtype(dtype)
     except (BenchError, PoolError) as exc:
         fail("INVALID_ARGUMENT", str(exc))
     settings = BenchSettings(kinds=tuple(asked), batch_sizes=tuple(sizes), requests=requests,
                              max_new_tokens=max_new_tokens, rounds=rounds, windows=tuple(searched),
-                             three_level_window=three_level_window)
+                             three_level_window=three_level_window, device=device, dtype=dtype)
     quiet_transformers()
     try:
         with RichProgress() as progress:

@@ -21,25 +21,24 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specrouter.pool.load import PoolDir, load_model, load_tokenizer
-
-DTYPE = torch.float32
-DEVICE = "cpu"
+from specrouter.pool.load import PoolDir, load_model, load_tokenizer, parse_dtype
 
 
 @dataclass
 class PeerModels:
-    """The pool's models and tokenizer, loaded with transformers in this process (fp32, CPU)."""
+    """The pool's models and tokenizer, loaded with transformers in this process, on the device and in the
+    dtype the services' workers use, so that both sides compute alike."""
 
     tokenizer: PreTrainedTokenizerBase
     models: dict[str, PreTrainedModel]
     target: str
+    device: str = "cpu"
 
     @classmethod
-    def load(cls, pool_dir: Path) -> PeerModels:
+    def load(cls, pool_dir: Path, device: str = "cpu", dtype: str = "float32") -> PeerModels:
         pool = PoolDir.open(pool_dir)
-        models = {name: load_model(pool.model_dir(name), DTYPE, DEVICE) for name in pool.names}
-        return cls(load_tokenizer(pool.model_dir(pool.target)), models, pool.target)
+        models = {name: load_model(pool.model_dir(name), parse_dtype(dtype), device) for name in pool.names}
+        return cls(load_tokenizer(pool.model_dir(pool.target)), models, pool.target, device)
 
     def parameters(self, name: str) -> int:
         return sum(p.numel() for p in self.models[name].parameters())
@@ -94,7 +93,7 @@ def _generate_one(peers: PeerModels, prompt_ids: Sequence[int], max_new_tokens: 
     limit = room(len(prompt_ids), max_new_tokens, peers.context_length())
     if limit == 0:
         return []
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=DEVICE)   # [1, prompt]
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=peers.device)   # [1, prompt]
     extra = {} if assistant is None else {"assistant_model": assistant}
     with torch.inference_mode():
         out = peers.models[peers.target].generate(input_ids=ids, attention_mask=torch.ones_like(ids),
@@ -102,8 +101,8 @@ def _generate_one(peers: PeerModels, prompt_ids: Sequence[int], max_new_tokens: 
     return trim_at_eos(out[0, ids.shape[1]:].tolist(), peers.eos_token_id, limit)
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts left padded to the longest: (input ids, attention mask), each [batch, longest]."""
+def left_pad(prompts: Sequence[Sequence[int]], pad: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts left padded to the longest: (input ids, attention mask), each [batch, longest] on `device`."""
     longest = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
     mask = torch.zeros((len(prompts), longest), dtype=torch.long)
@@ -111,7 +110,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, 
         if p:
             ids[row, longest - len(p):] = torch.tensor(list(p), dtype=torch.long)
             mask[row, longest - len(p):] = 1
-    return ids.to(DEVICE), mask.to(DEVICE)
+    return ids.to(device), mask.to(device)
 
 
 def generate_batched(peers: PeerModels, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
@@ -120,7 +119,7 @@ def generate_batched(peers: PeerModels, prompts: Sequence[Sequence[int]], max_ne
     limits = [room(len(p), max_new_tokens, peers.context_length()) for p in prompts]
     if max(limits) == 0:
         return [[] for _ in prompts]
-    ids, mask = left_pad(prompts, 0 if eos is None else eos)
+    ids, mask = left_pad(prompts, 0 if eos is None else eos, peers.device)
     with torch.inference_mode():
         out = peers.models[peers.target].generate(input_ids=ids, attention_mask=mask, **_greedy(max(limits), eos))
     new = out[:, ids.shape[1]:].tolist()   # [batch, generated]
