@@ -133,6 +133,16 @@ def out_of_memory(cause: BaseException) -> bool:
     return code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def worker_gone(cause: BaseException) -> bool:
+    """Whether a worker's error says the worker is gone rather than that it refused the call: a remote
+    worker's UNAVAILABLE or DEADLINE_EXCEEDED (unreachable, or silent past the call's deadline), an
+    in-process stand-in's ConnectionError. A refusal (a row past its context, out of memory, a bug) is not:
+    another replica of the model would refuse the same."""
+    if isinstance(cause, grpc.Call):
+        return cause.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    return isinstance(cause, ConnectionError)
+
+
 class RowFailed(RuntimeError):
     """A request ended alone, by a fault of its own row; the rest of its batch went on. `code` is the gRPC
     status its client gets."""

@@ -8,7 +8,7 @@ with no replica up is left out of the batch, whose chains go on without it. The 
 none of its replicas up the batch is placed on one of them all the same, so that its failure reaches the
 requests as it is.
 
-A batch whose target replica is lost (`replica_lost`: the worker is unreachable, or silent past the call's
+A batch whose target replica is lost (`chain.worker_gone`: the worker is unreachable, or silent past the call's
 deadline) moves (`move`): its rows leave every worker, another replica of the target that is up, the least
 loaded, takes the lost one's place, and the rows join again from their tokens (prompt and generated so
 far), as they do after a worker ran out of memory; the output is the one it would have been. With no other
@@ -21,27 +21,13 @@ import logging
 import random
 from collections.abc import Mapping, Sequence
 
-import grpc
-
-from specrouter.router.chain import ChainBatch, Row, RowsFailed, WorkerCallFailed, out_of_memory
+from specrouter.router.chain import ChainBatch, Row, RowsFailed, WorkerCallFailed, out_of_memory, worker_gone
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.replicas import ReplicaSet, error_line
 from specrouter.router.workers import Worker
 
 log = logging.getLogger(__name__)
-# a worker's errors that say it is gone, not that it refused the call
-LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-
 Loads = Mapping[int, int]   # id(replica) -> rows on it
-
-
-def replica_lost(cause: BaseException) -> bool:
-    """Whether a worker's error says the worker is gone: a remote worker's UNAVAILABLE or DEADLINE_EXCEEDED,
-    an in-process stand-in's ConnectionError. A refusal (a row past its context, running out of memory, a
-    bug) is not: another replica would refuse the same."""
-    if isinstance(cause, grpc.Call):
-        return cause.code() in LOST_CODES
-    return isinstance(cause, ConnectionError)
 
 
 def least_loaded(candidates: Sequence[Worker], loads: Loads, rng: random.Random) -> Worker:
@@ -91,7 +77,7 @@ class Placement:
         model = exc.model
         if isinstance(exc, RowsFailed) or out_of_memory(exc.cause) or model not in batch.workers:
             return None
-        if model == self.target and not replica_lost(exc.cause):
+        if model == self.target and not worker_gone(exc.cause):
             return None
         failed = batch.workers[model]
         self.health.mark_down(failed, model, exc.cause)

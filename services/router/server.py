@@ -19,7 +19,8 @@ from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle
-from specrouter.router.chain import ChainBatch, CycleReport, OutOfMemory, Row, RowFailed, WorkerCallFailed
+from specrouter.router.chain import (ChainBatch, CycleReport, OutOfMemory, Row, RowFailed, WorkerCallFailed,
+                                     worker_gone)
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.prometheus import RouterMetrics
@@ -58,13 +59,11 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, WorkerCallFailed):
         model, exc = exc.model, exc.cause
     worker = "a worker" if model is None else f"the worker of {model}"
+    if worker_gone(exc):
+        details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+        return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {details}"
     if isinstance(exc, grpc.RpcError):
-        code = exc.code()
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {exc.details()}"
-        return grpc.StatusCode.INTERNAL, f"{worker} failed: {code.name}: {exc.details()}"
-    if isinstance(exc, ConnectionError):   # an in-process stand-in for a worker that is gone
-        return grpc.StatusCode.UNAVAILABLE, f"{worker} is unavailable: {exc}"
+        return grpc.StatusCode.INTERNAL, f"{worker} failed: {exc.code().name}: {exc.details()}"
     prefix = "" if model is None else f"{worker} failed: "
     return grpc.StatusCode.INTERNAL, f"{prefix}{type(exc).__name__}: {exc}"
 

@@ -19,7 +19,8 @@ from specrouter.router.batcher import Batcher
 from specrouter.router.chain import WorkerCallFailed
 from specrouter.router.handles import Failed, Finished
 from specrouter.router.health import ModelUnavailable, WorkerHealth
-from specrouter.router.placement import Placement, least_loaded, replica_lost
+from specrouter.router.chain import worker_gone
+from specrouter.router.placement import Placement, least_loaded
 from specrouter.router.replicas import ReplicaSet
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for
@@ -112,9 +113,9 @@ def test_only_an_unreachable_worker_counts_as_lost() -> None:
 
         initial_metadata = trailing_metadata = is_active = time_remaining = cancel = add_callback = details
 
-    assert replica_lost(Call(grpc.StatusCode.UNAVAILABLE)) and replica_lost(Call(grpc.StatusCode.DEADLINE_EXCEEDED))
-    assert replica_lost(ConnectionError("refused"))
-    assert not replica_lost(Call(grpc.StatusCode.INTERNAL)) and not replica_lost(RuntimeError("a bug"))
+    assert worker_gone(Call(grpc.StatusCode.UNAVAILABLE)) and worker_gone(Call(grpc.StatusCode.DEADLINE_EXCEEDED))
+    assert worker_gone(ConnectionError("refused"))
+    assert not worker_gone(Call(grpc.StatusCode.INTERNAL)) and not worker_gone(RuntimeError("a bug"))
 
 
 # -- batches over replicas in this process ----------------------------------------------------------------
