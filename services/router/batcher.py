@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
 
-from specrouter.router.chain import (FINISH_STOP, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, OutOfMemory, Row,
-                                     RowsFailed, WorkerCallFailed, out_of_memory, row_failure)
+from specrouter.router.chain import FINISH_STOP, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, Row
+from specrouter.router.failures import OutOfMemory, RowsFailed, WorkerCallFailed, out_of_memory, row_failure
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle, request_span
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.placement import Placement

@@ -8,7 +8,7 @@ with no replica up is left out of the batch, whose chains go on without it. The 
 none of its replicas up the batch is placed on one of them all the same, so that its failure reaches the
 requests as it is.
 
-A batch whose target replica is lost (`chain.worker_gone`: the worker is unreachable, or silent past the call's
+A batch whose target replica is lost (`failures.worker_gone`: the worker is unreachable, or silent past the call's
 deadline) moves (`move`): its rows leave every worker, another replica of the target that is up, the least
 loaded, takes the lost one's place, and the rows join again from their tokens (prompt and generated so
 far), as they do after a worker ran out of memory; the output is the one it would have been. With no other
@@ -21,7 +21,8 @@ import logging
 import random
 from collections.abc import Mapping, Sequence
 
-from specrouter.router.chain import ChainBatch, Row, RowsFailed, WorkerCallFailed, out_of_memory, worker_gone
+from specrouter.router.chain import ChainBatch, Row
+from specrouter.router.failures import RowsFailed, WorkerCallFailed, out_of_memory, worker_gone
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.replicas import ReplicaSet, error_line
 from specrouter.router.workers import Worker

@@ -19,8 +19,8 @@ from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle
-from specrouter.router.chain import (ChainBatch, CycleReport, OutOfMemory, Row, RowFailed, WorkerCallFailed,
-                                     worker_gone)
+from specrouter.router.chain import ChainBatch, CycleReport, Row
+from specrouter.router.failures import OutOfMemory, RowFailed, WorkerCallFailed, worker_gone
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.prometheus import RouterMetrics

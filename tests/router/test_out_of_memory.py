@@ -14,7 +14,7 @@ import torch
 
 from specrouter.router.batcher import Batcher
 from specrouter.router.handles import Failed, Finished
-from specrouter.router.chain import OutOfMemory, out_of_memory
+from specrouter.router.failures import OutOfMemory, out_of_memory
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for
 from specrouter.worker.calls import SamplingParams

@@ -16,10 +16,9 @@ import grpc
 import pytest
 
 from specrouter.router.batcher import Batcher
-from specrouter.router.chain import WorkerCallFailed
+from specrouter.router.failures import WorkerCallFailed, worker_gone
 from specrouter.router.handles import Failed, Finished
 from specrouter.router.health import ModelUnavailable, WorkerHealth
-from specrouter.router.chain import worker_gone
 from specrouter.router.placement import Placement, least_loaded
 from specrouter.router.replicas import ReplicaSet
 from specrouter.router.requests import GenerationRequest
