@@ -2,20 +2,21 @@
 
 One loop thread owns every `ChainBatch`. Requests that ask for the same static (chain, window), or
 leave the choice to the router, share a batch; each row keeps its own sampling parameters and seed.
-Between cycles the loop admits new requests (prefill joins them to their batch; those that came in
-during that prefill are admitted too, so a burst starts as one batch), drops cancelled ones (their
-worker rows are released), runs one cycle per batch, and hands emitted tokens to each request's
-handle. Each batch runs on one replica of each model (`placement`), the least loaded when it starts. A
-replica that fails a call of a model other than the target is taken out (`health`): its batch drops the
-model and goes on over the chains that remain, with no row lost, and new batches start on the model's
-other replicas, or without it until one answers again; requests that named a chain through it fail
-UNAVAILABLE. A target replica that is lost moves its batch to another replica of the target, the rows
-joining again from their tokens with the same output (`_recover`); with none left, or on any other failure
-of the target, the rows of its batch fail, and only those. A call that a worker refuses for some rows alone (a row
-past its context, a row its state lost, a token it cannot take) ends those requests alone: the others run
-the cycle again (it emitted nothing), or are prefilled again without them, with the same output. A worker
-that runs out of memory in a cycle makes the batch smaller (`_shrink`): fewer rows, then a shorter window,
-then a shorter chain; its rows join again from their tokens, with the same output.
+Between cycles the loop admits new requests (prefill joins them to their batch; those that came in during
+that prefill are admitted too, so a burst starts as one batch), drops cancelled ones (their worker rows
+are released), runs one cycle per batch, hands emitted tokens to each request's handle and lets finished
+rows go (the rows that stay do not wait for their release). Each batch runs on one replica of each model
+(`placement`), the least loaded when it starts. A replica that fails a call of a model other than the
+target is taken out (`health`): its batch drops the model and goes on over the chains that remain, with no
+row lost, and new batches start on the model's other replicas, or without it until one answers again;
+requests that named a chain through it fail UNAVAILABLE. A target replica that is lost moves its batch to
+another replica of the target, the rows joining again from their tokens with the same output (`_recover`);
+with none left, or on any other failure of the target, the rows of its batch fail, and only those. A call
+that a worker refuses for some rows alone (a row past its context, a row its state lost, a token it cannot
+take) ends those requests alone: the others run the cycle again (it emitted nothing), or are prefilled
+again without them, with the same output. A worker that runs out of memory in a cycle makes the batch
+smaller (`_shrink`): fewer rows, then a shorter window, then a shorter chain; its rows join again from
+their tokens, with the same output.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ class Batcher:
         finished = [r.row_id for r in rows if r.finish_reason is not None]
         if finished:
             with request_span("release", [self._handles[r] for r in finished], {"specrouter.rows": len(finished)}):
-                gone = batch.remove(finished)
+                gone = batch.remove(finished, wait=False)
             for row in gone:
                 handle = self._handles.pop(row.row_id)
                 handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))

@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -119,6 +119,7 @@ class ChainBatch:
         self.prompt_positions = prompt_positions   # last prompt positions the models' guesses are compared on
         self.state_id = state_id or uuid.uuid4().hex
         self.rows: dict[str, Row] = {}
+        self._releasing: list[tuple[str, int, Future]] = []   # (model, rows, call): releases still on their way
         # bounds set when a worker ran out of memory on this batch (None: none)
         self.max_rows: int | None = None
         self.max_window: int | None = None
@@ -136,6 +137,7 @@ class ChainBatch:
                 raise ValueError(f"row {row.row_id!r} has an empty prompt")
             if row.row_id in self.rows:
                 raise ValueError(f"row {row.row_id!r} is already running")
+        self._settle_releases()
         batch = [(r.row_id, r.tokens[:-1]) for r in rows]
         n = self.prompt_positions
         try:
@@ -149,17 +151,44 @@ class ChainBatch:
                 r.prompt_agreement = prompt_agreement({name: res.tokens[i] for name, res in results.items()})
             self.rows[r.row_id] = r
 
-    def remove(self, row_ids: Sequence[str]) -> list[Row]:
+    def remove(self, row_ids: Sequence[str], wait: bool = True) -> list[Row]:
         """Rows leave the batch; their entries are released on every worker (best effort: a worker that
-        does not answer drops them when they expire)."""
+        does not answer drops them when they expire). With `wait=False`, while other rows stay, the
+        releases to workers in other processes go out without waiting for their answers, so the rows that
+        stay need not wait for them: the batch's next call, on any worker, waits for them first, so a worker
+        never sees a call for rows it has not yet let go of."""
+        self._settle_releases()
         gone = [self.rows.pop(r) for r in row_ids if r in self.rows]
-        if gone:
-            ids = [r.row_id for r in gone]
+        if not gone:
+            return gone
+        ids = [r.row_id for r in gone]
+        if wait or not self.rows:
             try:
                 self._on_every_worker(lambda worker: worker.release(self.state_id, ids))
             except WorkerCallFailed as exc:
-                log.warning("release of %d row(s) failed on %s; its states expire: %s", len(ids), exc.model, exc.cause)
+                self._release_failed(len(ids), exc.model, exc.cause)
+            return gone
+        for name, worker in self.workers.items():
+            if getattr(worker, "remote", False):
+                call = _FAN_OUT.submit(contextvars.copy_context().run, worker.release, self.state_id, ids)
+                self._releasing.append((name, len(ids), call))
+            else:
+                try:
+                    worker.release(self.state_id, ids)
+                except Exception as exc:  # noqa: BLE001 - best effort, as above
+                    self._release_failed(len(ids), name, exc)
         return gone
+
+    def _settle_releases(self) -> None:
+        """Waits for the releases `remove(wait=False)` sent out."""
+        for model, rows, call in self._releasing:
+            if call.exception() is not None:
+                self._release_failed(rows, model, call.exception())
+        self._releasing.clear()
+
+    @staticmethod
+    def _release_failed(rows: int, model: str, cause: BaseException) -> None:
+        log.warning("release of %d row(s) failed on %s; its states expire: %s", rows, model, cause)
 
     def drop_model(self, model: str) -> None:
         """`model` leaves the batch (its worker failed): the chains through it are no longer possible here,
@@ -212,6 +241,7 @@ class ChainBatch:
         rows = [r for r in self.rows.values() if r.finish_reason is None]
         if not rows:
             raise ValueError("no running rows")
+        self._settle_releases()
         # the most proposal tokens a level may be handed: verifying k tokens takes k + 1 positions past the
         # row's, and the longest row sets it for all (a worker checks every row for the longest proposal)
         room = max(0, min(self.context_length - len(r.tokens) - 1 for r in rows))

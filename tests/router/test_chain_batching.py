@@ -193,3 +193,68 @@ def test_rows_carry_their_models_agreement_on_the_prompt(tiny_pool) -> None:
     plain.add([other])
     assert other.prompt_agreement == {}
     plain.release()
+
+
+class _SlowRelease:
+    """An engine standing in for a worker in another process, whose release takes a while; it records when
+    each of its calls ran."""
+
+    remote = True
+    RELEASE_S = 0.05
+
+    def __init__(self, engine):
+        self.engine, self.spans = engine, []   # (operation, start, end)
+
+    def _timed(self, name, call, *args):
+        import time
+
+        start = time.monotonic()
+        try:
+            return call(*args)
+        finally:
+            self.spans.append((name, start, time.monotonic()))
+
+    def prefill(self, *args):
+        return self._timed("prefill", self.engine.prefill, *args)
+
+    def draft(self, *args):
+        return self._timed("draft", self.engine.draft, *args)
+
+    def verify(self, *args):
+        return self._timed("verify", self.engine.verify, *args)
+
+    def release(self, *args):
+        import time
+
+        return self._timed("release", lambda *a: (time.sleep(self.RELEASE_S), self.engine.release(*a))[1], *args)
+
+
+def test_rows_that_finish_are_released_while_the_others_go_on_and_before_their_next_call(tiny_pool) -> None:
+    import time
+
+    ps = prompts(4, seed=3)
+    max_new = [6, 14, 22, 30]   # four rows leaving at different cycles
+    reference = generate(tiny_pool, ("t",), 1, [new_row(i, p, max_new=max_new[i]) for i, p in enumerate(ps)])
+    workers = {name: _SlowRelease(engine) for name, engine in tiny_pool.items()}
+    batch = ChainBatch(workers, "t", CONTEXT)
+    batch.add([new_row(i, p, max_new=max_new[i]) for i, p in enumerate(ps)])
+    done, waited = {}, []
+    while batch.rows:
+        batch.step(("s", "m", "t"), 3)
+        finished = [r.row_id for r in batch.rows.values() if r.finish_reason is not None]
+        started = time.monotonic()
+        for row in batch.remove(finished, wait=False):
+            done[row.row_id] = row.generated
+        if finished:
+            waited.append((bool(batch.rows), time.monotonic() - started))
+    assert done == reference
+    # while rows stayed, removing the others did not wait for their releases; the last removal did
+    assert [stay for stay, _ in waited] == [True] * (len(waited) - 1) + [False]
+    assert all(s < _SlowRelease.RELEASE_S for stay, s in waited if stay)
+    assert waited[-1][1] >= _SlowRelease.RELEASE_S
+    assert all(not e.state_ids() for e in tiny_pool.values()), "a finished batch left worker state behind"
+    for worker in workers.values():   # no call reached a worker while a release to it was still on its way
+        releases = [(a, b) for op, a, b in worker.spans if op == "release"]
+        calls = [(a, b) for op, a, b in worker.spans if op != "release"]
+        assert len(releases) == len(waited)
+        assert not any(ra < ca < rb or ca < ra < cb for ra, rb in releases for ca, cb in calls)
