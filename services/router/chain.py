@@ -162,29 +162,18 @@ class ChainBatch:
         if not gone:
             return gone
         ids = [r.row_id for r in gone]
+        releases = self._start_on_every_worker(lambda worker: worker.release(self.state_id, ids))
+        self._releasing = [(model, len(ids), call) for model, call in releases.items()]
         if wait or not self.rows:
-            try:
-                self._on_every_worker(lambda worker: worker.release(self.state_id, ids))
-            except WorkerCallFailed as exc:
-                self._release_failed(len(ids), exc.model, exc.cause)
-            return gone
-        for name, worker in self.workers.items():
-            if getattr(worker, "remote", False):
-                call = _FAN_OUT.submit(contextvars.copy_context().run, worker.release, self.state_id, ids)
-                self._releasing.append((name, len(ids), call))
-            else:
-                try:
-                    worker.release(self.state_id, ids)
-                except Exception as exc:  # noqa: BLE001 - best effort, as above
-                    self._release_failed(len(ids), name, exc)
+            self._settle_releases()
         return gone
 
     def _settle_releases(self) -> None:
-        """Waits for the releases `remove(wait=False)` sent out."""
+        """Waits for the releases `remove` sent out."""
         for model, rows, call in self._releasing:
             if call.exception() is not None:
                 self._release_failed(rows, model, call.exception())
-        self._releasing.clear()
+        self._releasing = []
 
     @staticmethod
     def _release_failed(rows: int, model: str, cause: BaseException) -> None:
@@ -200,26 +189,31 @@ class ChainBatch:
             r.seen.pop(model, None)
             r.spec.pop(model, None)
 
+    def _start_on_every_worker(self, call: Callable[[Worker], T]) -> dict[str, Future]:
+        """`call` on every worker, a future of its outcome by model: the workers in other processes on the
+        fan-out pool, at once; the engines in this process in turn, on this thread, before it returns."""
+        # each call runs in a copy of this thread's context, so the calls join the caller's trace
+        futures = {name: _FAN_OUT.submit(contextvars.copy_context().run, call, worker)
+                   for name, worker in self.workers.items() if getattr(worker, "remote", False)}
+        for name, worker in self.workers.items():
+            if name not in futures:
+                futures[name] = Future()
+                try:
+                    futures[name].set_result(call(worker))
+                except Exception as exc:  # noqa: BLE001 - the caller reads it from the future
+                    futures[name].set_exception(exc)
+        return {name: futures[name] for name in self.workers}
+
     def _on_every_worker(self, call: Callable[[Worker], T]) -> dict[str, T]:
         """`call` on every worker at once, its results by model; the first failure is raised, as a
         `WorkerCallFailed` naming its model, once all have answered (so that a caller cleaning up after it
         finds no call still in flight)."""
-        # each call runs in a copy of this thread's context, so the calls join the caller's trace
-        futures = {name: _FAN_OUT.submit(contextvars.copy_context().run, call, worker)
-                   for name, worker in self.workers.items() if getattr(worker, "remote", False)}
-        outcomes: dict[str, tuple[T | None, BaseException | None]] = {}
-        for name, worker in self.workers.items():
-            if name not in futures:
-                try:
-                    outcomes[name] = (call(worker), None)
-                except Exception as exc:  # noqa: BLE001 - raised below, once every worker has answered
-                    outcomes[name] = (None, exc)
-        for name, f in futures.items():
-            outcomes[name] = (None, f.exception()) if f.exception() is not None else (f.result(), None)
-        for name in self.workers:
-            if outcomes[name][1] is not None:
-                raise WorkerCallFailed(name, outcomes[name][1])
-        return {name: outcomes[name][0] for name in self.workers}
+        futures = self._start_on_every_worker(call)
+        failures = [(name, f.exception()) for name, f in futures.items()]   # waits for every one
+        for name, cause in failures:
+            if cause is not None:
+                raise WorkerCallFailed(name, cause)
+        return {name: f.result() for name, f in futures.items()}
 
     def release(self) -> None:
         if self.rows:
