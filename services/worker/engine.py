@@ -15,8 +15,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from specrouter.worker import lookahead
 from specrouter.worker import rows as wire
 from specrouter.worker.calls import (ContextLengthError, ForwardTiming, RowError, RowStateError, RowStep, StateError,
                                      StepResult, UnknownStateError, VerifyRow)
@@ -30,6 +32,7 @@ from specrouter.worker.verify import proposal_similarity, verify_greedy, verify_
 class EngineSettings:
     state_ttl_s: float = 600.0           # states untouched this long are reclaimed
     compact_hole_fraction: float = 0.5   # compact a state when this fraction of its entries are holes
+    draft_lookahead: int = 4             # guesses fed per pass with the drafted token, one row drafting (0: none)
 
 
 def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,6 +155,8 @@ class WorkerEngine:
             last = logits[index, valid.sum(1) - 1]                                        # [B, V]
             presence = self._presence(state, slots) if s.any_penalty else None
             greedy = s.all_greedy and presence is None   # the argmax; no rows are made or sent
+            if greedy and b == 1 and self.settings.draft_lookahead and window > 1:
+                return self._draft_looking_ahead(state, slots[0], window, last[0], timings)
             if not greedy:
                 u = torch.stack([row_uniforms(r.sampling.seed, r.cycle, level, window) for r in rows])  # [B, W]
             drafted, drafted_rows = [], []
@@ -179,6 +184,36 @@ class WorkerEngine:
                 rows=[None if r.sampling.greedy else out_rows[i] for i, r in enumerate(rows)],
                 timings=timings,
             )
+
+    def _draft_looking_ahead(self, state: MaskedKVState, slot: int, window: int, last: torch.Tensor,
+                             timings: list[ForwardTiming]) -> StepResult:
+        """A greedy `draft` of the one row in `slot` that feeds, with each drafted token, guesses of the
+        tokens after it (`lookahead.guess`) and keeps the guesses that are its own argmax: the tokens of one
+        pass a token, in fewer passes. `last` [V]: the logits after the pending tokens. The state ends as
+        one pass a token leaves it: the pending tokens and the first W - 1 drafted ones (guesses not kept
+        are rolled back).
+
+        Only a state of one row looks ahead: with several, a pass is needed until the row whose guesses
+        fail has drafted, so the passes hardly drop while each one grows; and sampled rows draw the guessed
+        token too rarely to pay."""
+        history = state.tokens[slot][state.mask[slot]].cpu().numpy()
+        drafted = [int(last.argmax())]
+        while len(drafted) < window:
+            room = window - 1 - len(drafted)                 # guesses that may follow the last drafted token
+            context = np.concatenate([history, np.asarray(drafted, dtype=history.dtype)])
+            block = [drafted[-1], *lookahead.guess(context, min(self.settings.draft_lookahead, room))]
+            fed = torch.ones(1, len(block), dtype=torch.bool, device=self.forward.device)
+            logits, timing = self._forward(state, [slot], torch.tensor([block], device=fed.device), fed)
+            timings.append(timing)
+            argmax = logits[0].argmax(-1).tolist()                                        # [k]
+            kept = 0
+            while kept + 1 < len(block) and argmax[kept] == block[kept + 1]:
+                kept += 1
+            drafted.extend(block[1:kept + 1])
+            drafted.append(argmax[kept])
+            if kept + 1 < len(block):   # the guesses not kept are the block's last columns: holes elsewhere
+                state.drop_columns(len(block) - 1 - kept)
+        return StepResult(tokens=[drafted], rows=[None], timings=timings)
 
     def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:
         """Checks each row's proposal against this model; returns accepted + recovered/bonus tokens.

@@ -71,10 +71,13 @@ class RoomLayer(CacheLayerMixin):
 class ModelForward:
     """Wraps a loaded causal LM; runs blocks of new tokens against `MaskedKVState`s."""
 
-    def __init__(self, model: PreTrainedModel, lean: bool = True):
-        """`lean`: run Llama-family models through `llama.LlamaForward` (same operations, less Python)."""
+    def __init__(self, model: PreTrainedModel, lean: bool = True, prepack: bool = True):
+        """`lean`: run Llama-family models through `llama.LlamaForward` (same operations, less Python);
+        `prepack`: with their large projections prepacked for oneDNN on the CPU (faster; logits equal to
+        rounding, not bit for bit)."""
         self.model = model.eval()
-        self.lean = llama.LlamaForward(model) if lean and llama.supports(model) else None
+        self.lean = (llama.LlamaForward(model, llama.PREPACK_MIN_ELEMENTS if prepack else None)
+                     if lean and llama.supports(model) else None)
         cfg = model.config
         self.layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads

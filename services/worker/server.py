@@ -137,9 +137,10 @@ def build_engine(settings: WorkerSettings) -> tuple[WorkerEngine, pb.InfoRespons
     if settings.torch_threads > 0:
         torch.set_num_threads(settings.torch_threads)
     model = load_model(settings.model_dir, parse_dtype(settings.dtype), settings.device)
-    engine = WorkerEngine(settings.model_name, ModelForward(model),
+    engine = WorkerEngine(settings.model_name, ModelForward(model, prepack=settings.prepack_weights),
                           EngineSettings(state_ttl_s=settings.state_ttl_s,
-                                         compact_hole_fraction=settings.compact_hole_fraction))
+                                         compact_hole_fraction=settings.compact_hole_fraction,
+                                         draft_lookahead=settings.draft_lookahead))
     info = pb.InfoResponse(
         model_name=settings.model_name, parameters=sum(p.numel() for p in model.parameters()),
         vocab_size=engine.vocab, tokenizer_sha256=tokenizer_fingerprint(settings.model_dir),

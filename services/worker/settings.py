@@ -18,6 +18,9 @@ class WorkerSettings(BaseSettings):
     port: int = 0                       # 0 picks a free port
     state_ttl_s: float = 600.0          # states untouched this long are reclaimed
     compact_hole_fraction: float = 0.5  # compact a state when this fraction of its entries are holes
+    draft_lookahead: int = 4            # guesses a drafter drafting for one row feeds per pass (0: none)
+    prepack_weights: bool = True        # large projections prepacked for oneDNN on the CPU (faster; logits
+                                        # equal transformers' to rounding; false: bit for bit)
     max_batch_size: int = 64            # rows per state; sizes the message limits
     max_window: int = 16                # draft window; sizes the message limits
     threads: int = 16                   # gRPC handler threads (forward passes are serialised per model)

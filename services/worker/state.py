@@ -141,6 +141,13 @@ class MaskedKVState:
             self.mask = self.mask & (valid_from_right > counts[:, None])
         self.truncate()
 
+    def drop_columns(self, count: int) -> None:
+        """Drops the last `count` physical columns, whatever they hold (the caller knows they are entries
+        it has just appended and now rejects, or holes)."""
+        if not 0 <= count <= self.length:
+            raise StateError(f"cannot drop {count} of {self.length} columns")
+        self._keep_columns(self.length - count)
+
     def truncate(self) -> None:
         """Drops the trailing columns that are holes in every slot."""
         any_valid = self.mask.any(dim=0)

@@ -1,4 +1,5 @@
-"""The lean Llama forward computes bit for bit what the model's own forward computes under the same mask."""
+"""The lean Llama forward computes bit for bit what the model's own forward computes under the same mask, and
+to rounding with its large projections prepacked for oneDNN."""
 
 from __future__ import annotations
 
@@ -36,10 +37,28 @@ def test_lean_logits_equal_the_models_own_bit_for_bit(kv_heads: int) -> None:
     model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=kv_heads,
                                          max_position_embeddings=128)).eval()
-    lean, own = ModelForward(model, lean=True), ModelForward(model, lean=False)
+    lean, own = ModelForward(model, lean=True, prepack=False), ModelForward(model, lean=False)
     assert lean.lean is not None and own.lean is None
     for a, b in zip(_steps(lean, 0), _steps(own, 0), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch has no oneDNN")
+def test_prepacked_projections_give_the_models_logits_to_rounding() -> None:
+    torch.manual_seed(4)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=128)).eval()
+    packed = ModelForward(model)
+    packed.lean = llama.LlamaForward(model, prepack_min=0)     # every projection, however small
+    layer = packed.lean.layers[0]
+    assert all(p.packed is not None for p in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down))
+    own = ModelForward(model, lean=False)
+    for a, b in zip(_steps(packed, 0), _steps(own, 0), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # the default packs only projections of at least PREPACK_MIN_ELEMENTS: none of this tiny model's
+    default = ModelForward(model).lean
+    assert default.layers[0].gate.packed is None and default.lm_head.packed is None
 
 
 def test_models_it_does_not_cover_run_through_transformers() -> None:
