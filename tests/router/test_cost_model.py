@@ -386,3 +386,14 @@ def test_warm_up_scales_follow_the_batch_size() -> None:
     assert warmup_scales(warm, {})["a"](16) == 1.0
 
 
+
+
+def test_a_lone_rows_later_draft_passes_cost_their_measured_scale() -> None:
+    groups = [RowGroup(1, [[0.7] * 8])]
+    plain = predict(["a", "t"], 5, groups, latency, overhead)
+    scaled = predict(["a", "t"], 5, groups, latency, overhead, draft_scale=lambda drafter, window: 0.4)
+    assert plain.level_ns[0] - scaled.level_ns[0] == pytest.approx(0.6 * 4 * latency("a", 1, 1))
+    assert scaled.level_ns[1:] == plain.level_ns[1:] and scaled.emitted == plain.emitted
+    two = [RowGroup(2, [[0.7] * 8])]   # several rows draft one pass a token: no scale
+    assert predict(["a", "t"], 5, two, latency, overhead, draft_scale=lambda d, w: 0.4) == predict(
+        ["a", "t"], 5, two, latency, overhead)

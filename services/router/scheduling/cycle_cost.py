@@ -3,7 +3,8 @@
 For a candidate (chain, window) and a batch, one cycle is predicted exactly under the model's inputs by
 carrying the distribution of proposal lengths up the chain:
 
-- level 1 (the drafter) makes W forward passes: the first feeds its pending tokens, the others one token;
+- level 1 (the drafter) makes W forward passes: the first feeds its pending tokens, the others one token
+  (for a batch of one row, whose drafter looks ahead, the others cost a measured fraction of that);
 - level j verifies what level j - 1 handed up. A row whose incoming proposal has l tokens accepts m of
   them with probability a_0 ... a_(m-1) (1 - a_m) (all l with probability a_0 ... a_(l-1)), where a_i
   is the pair's acceptance at draft position i, and hands up m + 1 tokens. Its forward feeds 1 pending
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 LatencyFn = Callable[[str, int, int], float]          # (model, batch size, tokens per row) -> ns
 OverheadFn = Callable[[str, int], float]              # (model, forward passes in the call) -> ns
+DraftScaleFn = Callable[[str, int], float]            # (drafter, window) -> its later passes over single-token ones
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,12 @@ def expected_batch_cost(dists: Sequence[tuple[Sequence[float], int]], cost: Call
 
 
 def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], latency: LatencyFn,
-            overhead: OverheadFn, cycle_overhead_ns: float = 0.0, target_block: int = 1) -> Prediction:
+            overhead: OverheadFn, cycle_overhead_ns: float = 0.0, target_block: int = 1,
+            draft_scale: DraftScaleFn | None = None) -> Prediction:
     """Expected cost and emitted tokens of one cycle of `chain` at `window` over the rows of `groups`.
-    A target-only cycle (window 0) is one call in which the target drafts `target_block` tokens of its own."""
+    A target-only cycle (window 0) is one call in which the target drafts `target_block` tokens of its own.
+    `draft_scale`: for a batch of one row, what the drafter's W - 1 later passes cost in single-token
+    passes (a drafter drafting for one row looks ahead; `draft_passes`); 1 when not given."""
     chain = tuple(chain)
     batch = sum(g.rows for g in groups)
     if batch < 1:
@@ -150,9 +155,10 @@ def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], laten
         for n, p in enumerate(d):
             pending[1 + max(0, n - window)] += p
         first_dists.append(pending)
+    later = draft_scale(drafter, window) if draft_scale is not None and batch == 1 else 1.0
     draft_ns = (expected_batch_cost([(d, g.rows) for d, g in zip(first_dists, groups)],
                                     lambda k: latency(drafter, batch, k))
-                + (window - 1) * latency(drafter, batch, 1) + overhead(drafter, window))
+                + later * (window - 1) * latency(drafter, batch, 1) + overhead(drafter, window))
     emitted = sum(g.rows * sum(n * p for n, p in enumerate(d)) for d, g in zip(emitted_dists, groups)) / batch
     square = sum(g.rows * sum(n * n * p for n, p in enumerate(d)) for d, g in zip(emitted_dists, groups)) / batch
     mixed = [0.0] * max(len(d) for d in emitted_dists)

@@ -26,6 +26,7 @@ from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, shifted
 from specrouter.router.scheduling.candidates import chain_pairs
 from specrouter.router.scheduling.cycle_cost import Prediction, RowGroup, call_overhead, predict
+from specrouter.router.scheduling.draft_passes import draft_scale
 from specrouter.router.scheduling.finish import FINISH_HORIZON, Finish
 from specrouter.router.scheduling.latency import LatencyTable, latency_table
 from specrouter.router.scheduling.settings import SchedulerSettings
@@ -87,14 +88,16 @@ class Planner:
 
     `snapshot` returns the profiler's latest snapshot (a new object when it changed); `on_snapshot` hears
     of each new one; `estimates` makes a snapshot's acceptance estimates; `overheads(batch size)` gives
-    the router's (cycle overhead, call overheads per (model, passes)); `lock` guards what cycles write
+    the router's (cycle overhead, call overheads per (model, passes), a batch-1 draft's later passes in
+    single-token passes per (drafter, window)); `lock` guards what cycles write
     and plans read; `counts` is the scheduler's, which the planner adds its "plans" and "stand_ins" to."""
 
     def __init__(self, chains: Sequence[tuple[str, ...]], settings: SchedulerSettings,
                  snapshot: Callable[[], Snapshot | None], on_snapshot: Callable[[Snapshot, float], None],
                  estimates: Callable[[Snapshot | None], AcceptanceEstimates],
                  warmup: Mapping[str, Sequence[tuple[int, int, int]]],
-                 overheads: Callable[[int], tuple[float, Mapping[tuple[str, int], float]]],
+                 overheads: Callable[[int], tuple[float, Mapping[tuple[str, int], float],
+                                              Mapping[tuple[str, int], float]]],
                  lock: threading.RLock, clock: Callable[[], float], counts: dict[str, int]):
         self.chains, self.settings = list(chains), settings
         self._snapshot, self._on_snapshot, self._estimates = snapshot, on_snapshot, estimates
@@ -228,8 +231,9 @@ class Planner:
         batch = greedy_rows + sampling_rows
         step = s.batch_odds_step
         with self._lock:   # a copy: cycles add to the EMAs while this plan is made
-            cycle_overhead, known = self._overheads(batch)
+            cycle_overhead, known, scales = self._overheads(batch)
         overhead = functools.partial(call_overhead, known)
+        later_passes = functools.partial(draft_scale, scales)
         predictions = []
         for chain in self.chains:
             if not all(m in latency.models() for m in chain):
@@ -247,7 +251,8 @@ class Planner:
             groups = [RowGroup(n, groups_rates[mode])
                       for mode, n in ((Mode.GREEDY, greedy_rows), (Mode.SAMPLING, sampling_rows)) if n]
             for w in windows:
-                predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK))
+                predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK,
+                                           later_passes))
             if pause:
                 time.sleep(0)
         predictions.sort(key=lambda p: p.t_eff_ns)

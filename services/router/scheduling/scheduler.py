@@ -34,6 +34,7 @@ from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, RecentReports
 from specrouter.router.scheduling.candidates import Pair, candidate_chains, chain_pairs
 from specrouter.router.scheduling.context_scales import ContextScales
+from specrouter.router.scheduling.draft_passes import DraftPasses
 from specrouter.router.scheduling.ema import Ema
 from specrouter.router.scheduling.freshness import PairFreshness
 from specrouter.router.scheduling.ledger import Ledgers
@@ -66,6 +67,7 @@ class Scheduler:
         # the learned corrections
         self.call_overheads = CallOverheads(s.overhead_alpha)
         self.cycle_overheads = CycleOverheads(s.overhead_alpha)
+        self.draft_passes = DraftPasses(s.overhead_alpha)
         self.context_scales = ContextScales(self.models, target, s)
         self.prompts = PromptAgreement(self.pairs, s)
         self.records = RowRecords(s)
@@ -106,8 +108,8 @@ class Scheduler:
         return AcceptanceEstimates(snapshot, self._offline, s.prior_weight, s.default_acceptance, self._shares,
                                    self.prompts.text_shifts())
 
-    def _overheads(self, batch_size: int) -> tuple[float, dict[tuple[str, int], float]]:
-        return self.cycle_overheads.value(batch_size), self.call_overheads.value(batch_size)
+    def _overheads(self, batch_size: int) -> tuple[float, dict[tuple[str, int], float], dict[tuple[str, int], float]]:
+        return self.cycle_overheads.value(batch_size), self.call_overheads.value(batch_size), self.draft_passes.value()
 
     # -- decisions ----------------------------------------------------------------------------------
 
@@ -187,6 +189,11 @@ class Scheduler:
                 if wall:
                     self.call_overheads.observe(model, len(rows), len(result.timings), max(0, wall - result.forward_ns))
             self.cycle_overheads.observe(len(rows), max(0, cycle_ns - calls))
+            drafter = report.chain[0]
+            draft = report.results.get(drafter)
+            if len(rows) == 1 and len(report.chain) > 1 and draft is not None and inputs is not None:
+                self.draft_passes.observe(drafter, report.window, sum(t.forward_ns for t in draft.timings[1:]),
+                                          inputs.latency(drafter, 1, 1))
             self.cycle_ns.add(cycle_ns)
             now = self._clock()
             self.records.observe(report, rows, decision.base if decision is not None else None)
