@@ -45,7 +45,8 @@ class _Linear:
     projection of one to a few dozen rows takes half the time or less (on two cores, a 512 x 1536
     projection of 6 rows 69 us against 167). The results differ from PyTorch's by rounding (a relative
     1e-6), as a block of k tokens already differs from k single-token passes. Small weights stay with
-    PyTorch: oneDNN's fixed cost per call is larger than what packing costs them."""
+    PyTorch: oneDNN's fixed cost per call is larger than what packing costs them. So does every weight
+    where this PyTorch cannot prepack (no oneDNN, another dtype or device, or the packing op refuses it)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
@@ -56,7 +57,10 @@ class _Linear:
         packed = None
         if (prepack_min is not None and weight.numel() >= prepack_min and weight.device.type == "cpu"
                 and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()):
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            except (AttributeError, RuntimeError):   # a build without the op, or one that refuses the weight
+                packed = None
         return cls(weight, bias, packed)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

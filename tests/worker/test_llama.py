@@ -61,6 +61,24 @@ def test_prepacked_projections_give_the_models_logits_to_rounding() -> None:
     assert default.layers[0].gate.packed is None and default.lm_head.packed is None
 
 
+def test_projections_stay_with_pytorch_where_they_cannot_be_prepacked(monkeypatch) -> None:
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, max_position_embeddings=128)).eval()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no oneDNN reorder for this weight")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse, raising=False)
+    lean = llama.LlamaForward(model, prepack_min=0)
+    assert lean.layers[0].q.packed is None and lean.lm_head.packed is None
+    own = ModelForward(model, lean=False)
+    fwd = ModelForward(model)
+    fwd.lean = lean
+    for a, b in zip(_steps(fwd, 1), _steps(own, 1), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_models_it_does_not_cover_run_through_transformers() -> None:
     eager = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, attn_implementation="eager")).eval()
