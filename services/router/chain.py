@@ -172,12 +172,8 @@ class ChainBatch:
         """Waits for the releases `remove` sent out."""
         for model, rows, call in self._releasing:
             if call.exception() is not None:
-                self._release_failed(rows, model, call.exception())
+                log.warning("release of %d row(s) failed on %s; its states expire: %s", rows, model, call.exception())
         self._releasing = []
-
-    @staticmethod
-    def _release_failed(rows: int, model: str, cause: BaseException) -> None:
-        log.warning("release of %d row(s) failed on %s; its states expire: %s", rows, model, cause)
 
     def drop_model(self, model: str) -> None:
         """`model` leaves the batch (its worker failed): the chains through it are no longer possible here,

@@ -196,12 +196,15 @@ class WorkerEngine:
         Only a state of one row looks ahead: with several, a pass is needed until the row whose guesses
         fail has drafted, so the passes hardly drop while each one grows; and sampled rows draw the guessed
         token too rarely to pay."""
-        history = state.tokens[slot][state.mask[slot]].cpu().numpy()
+        history = state.row_tokens(slot)
+        context = np.empty(len(history) + window, dtype=np.int64)   # the row's tokens, then its drafts
+        context[:len(history)] = history
         drafted = [int(last.argmax())]
         while len(drafted) < window:
             room = window - 1 - len(drafted)                 # guesses that may follow the last drafted token
-            context = np.concatenate([history, np.asarray(drafted, dtype=history.dtype)])
-            block = [drafted[-1], *lookahead.guess(context, min(self.settings.draft_lookahead, room))]
+            end = len(history) + len(drafted)
+            context[len(history):end] = drafted
+            block = [drafted[-1], *lookahead.guess(context[:end], min(self.settings.draft_lookahead, room))]
             fed = torch.ones(1, len(block), dtype=torch.bool, device=self.forward.device)
             logits, timing = self._forward(state, [slot], torch.tensor([block], device=fed.device), fed)
             timings.append(timing)
