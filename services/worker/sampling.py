@@ -48,9 +48,14 @@ class BatchSampling:
 
 
 def token_presence(tokens: torch.Tensor, valid: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[N, vocab] bool: which token ids occur among the valid entries of tokens [N, L]."""
-    presence = torch.zeros(tokens.shape[0], vocab, dtype=torch.bool, device=tokens.device)
-    return presence.scatter_(1, torch.where(valid, tokens, 0), valid) if tokens.numel() else presence
+    """[N, vocab] bool: which token ids occur among the valid entries of tokens [N, L].
+
+    Holes are scattered into a spare column past the vocabulary, never into a real token's: a hole shares
+    no index with a token, so no write order can unset the presence of one (token 0 included)."""
+    presence = torch.zeros(tokens.shape[0], vocab + 1, dtype=torch.bool, device=tokens.device)   # [N, V + 1]
+    if tokens.numel():
+        presence.scatter_(1, torch.where(valid, tokens, vocab), True)
+    return presence[:, :vocab]
 
 
 def next_token_probs(logits: torch.Tensor, s: BatchSampling, presence: torch.Tensor | None) -> torch.Tensor:

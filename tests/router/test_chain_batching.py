@@ -258,3 +258,22 @@ def test_rows_that_finish_are_released_while_the_others_go_on_and_before_their_n
         calls = [(a, b) for op, a, b in worker.spans if op != "release"]
         assert len(releases) == len(waited)
         assert not any(ra < ca < rb or ca < ra < cb for ra, rb in releases for ca, cb in calls)
+
+
+@pytest.mark.parametrize("chain,window", [(("t",), 1), (("s", "t"), 3), (("s", "m", "t"), 2)])
+def test_repetition_penalty_sees_token_zero_beside_holes(tiny_pool, chain, window) -> None:
+    """Token 0 in the context must be penalised like any other token, also in a state whose rows have holes
+    (a longer row beside it, rejected drafts): equal to transformers' greedy `generate`, alone and batched."""
+    params = SamplingParams(repetition_penalty=0.01)   # strong enough that a penalised token 0 is never picked
+    target = tiny_pool["t"].forward.model
+    rng = random.Random(7)
+    for i in range(4):
+        prompt = [0] + [rng.randrange(1, 64) for _ in range(rng.randrange(1, 6))]
+        longer = [rng.randrange(1, 64) for _ in range(14)]
+        ids = torch.tensor([prompt])
+        hf = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                             repetition_penalty=0.01, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+        alone = generate(tiny_pool, chain, window, [new_row(0, prompt, params, 12)])["r0"]
+        batched = generate(tiny_pool, chain, window, [new_row(0, prompt, params, 12), new_row(1, longer, params, 12)])
+        assert alone == hf
+        assert batched["r0"] == hf
