@@ -250,7 +250,8 @@ class ChainBatch:
         drafter = chain[0]   # the target of a target-only chain drafts its own output
         started = time.perf_counter_ns()
         try:
-            result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows))
+            result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows),
+                                                 hand_up=len(chain) > 1)
         except Exception as exc:
             raise self._call_failed(drafter, exc, rows) from exc
         call_ns[drafter] = time.perf_counter_ns() - started

@@ -69,9 +69,9 @@ class RemoteWorker:
         guesses = [list(p.tokens) for p in reply.predictions] if predictions else [[] for _ in rows]
         return StepResult(tokens=guesses, rows=[None] * len(rows), timings=protocol.timings_from_pb(reply.timing))
 
-    def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult:
-        reply = self._call("Draft", pb.DraftRequest(state_id=state_id, level=level, window=window,
-                                                            rows=[protocol.step_to_pb(r) for r in rows]))
+    def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep], hand_up: bool = True) -> StepResult:
+        reply = self._call("Draft", pb.DraftRequest(state_id=state_id, level=level, window=window, hand_up=hand_up,
+                                                    rows=[protocol.step_to_pb(r) for r in rows]))
         return protocol.step_result_from_pb(reply, self.vocab, verify=False)
 
     def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:

@@ -140,8 +140,13 @@ class WorkerEngine:
                 self._states[state_id] = fresh
             return StepResult(tokens=guesses, rows=[None] * len(ids), timings=timings)
 
-    def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep]) -> StepResult:
-        """Samples `window` tokens per row autoregressively; returns them with the rows they came from."""
+    def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep], hand_up: bool = True) -> StepResult:
+        """Samples `window` tokens per row autoregressively; returns them with the rows they came from.
+
+        `hand_up`: the draft goes to another level, so its tokens are drawn from the rows rounded to wire
+        precision, which are returned (the verifier must see the distribution each token was really drawn
+        from). Without it the drafter is the target, decoding on its own: its tokens are its output, drawn
+        from the full-precision distribution, and no rows are returned."""
         if window < 1:
             raise StateError(f"window must be >= 1, got {window}")
         with self._lock:
@@ -163,10 +168,12 @@ class WorkerEngine:
             for i in range(window):
                 if greedy:
                     x = last.argmax(-1)                                                    # [B]
-                else:
+                elif hand_up:
                     rows_fp16 = wire.to_wire(next_token_probs(last, s, presence))         # [B, V]
                     x = sample(wire.as_probs(rows_fp16), u[:, i])                         # [B]
                     drafted_rows.append(rows_fp16)
+                else:
+                    x = sample(next_token_probs(last, s, presence), u[:, i])              # [B]
                 drafted.append(x)
                 if presence is not None:
                     presence[index, x] = True
@@ -176,7 +183,7 @@ class WorkerEngine:
                     timings.append(timing)
                     last = logits[:, 0]
             out_tokens = torch.stack(drafted, 1).tolist()                                 # [B, W]
-            if greedy:
+            if greedy or not hand_up:
                 return StepResult(tokens=out_tokens, rows=[None] * b, timings=timings)
             out_rows = torch.stack(drafted_rows, 1)                                       # [B, W, V]
             return StepResult(

@@ -80,7 +80,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         def run():
             start = time.perf_counter_ns()
             steps = [protocol.step_from_pb(r) for r in request.rows]
-            result = self.compute.call(lambda: self.engine.draft(request.state_id, request.level, request.window, steps))
+            result = self.compute.call(lambda: self.engine.draft(request.state_id, request.level, request.window, steps,
+                                                                  request.hand_up))
             self._observe("draft", result.timings)
             return protocol.step_result_to_pb(result, [s.row_id for s in steps], time.perf_counter_ns() - start)
         return _handle(run, context)

@@ -205,20 +205,20 @@ class _SlowRelease:
     def __init__(self, engine):
         self.engine, self.spans = engine, []   # (operation, start, end)
 
-    def _timed(self, name, call, *args):
+    def _timed(self, name, call, *args, **kwargs):
         import time
 
         start = time.monotonic()
         try:
-            return call(*args)
+            return call(*args, **kwargs)
         finally:
             self.spans.append((name, start, time.monotonic()))
 
     def prefill(self, *args):
         return self._timed("prefill", self.engine.prefill, *args)
 
-    def draft(self, *args):
-        return self._timed("draft", self.engine.draft, *args)
+    def draft(self, *args, **kwargs):
+        return self._timed("draft", self.engine.draft, *args, **kwargs)
 
     def verify(self, *args):
         return self._timed("verify", self.engine.verify, *args)

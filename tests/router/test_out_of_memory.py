@@ -55,11 +55,11 @@ def exhaust(engine, method: str, when) -> list[int]:
     """A fault: `engine.method` raises torch's OutOfMemoryError when `when(args)` holds; how many it raised."""
     real, raised = getattr(engine, method), [0]
 
-    def call(state_id, *args):
+    def call(state_id, *args, **kwargs):
         if when(*args):
             raised[0] += 1
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(state_id, *args)
+        return real(state_id, *args, **kwargs)
 
     setattr(engine, method, call)
     return raised

@@ -178,3 +178,37 @@ def test_rows_that_come_and_go_in_any_order_decode_as_alone(seed: int) -> None:
     assert sorted(done) == sorted(prompts)
     for r, generated in done.items():
         assert generated == alone[r][: len(generated)], r
+
+
+def test_target_only_sampling_draws_from_the_full_precision_distribution() -> None:
+    """A target decoding alone draws its tokens from its own full-precision distribution, not from the rows
+    rounded for the wire: for seeds whose first uniform falls where the two distributions' CDFs part, the
+    engine's tokens are the full-precision draws (and the rounded draw would differ from the first token)."""
+    from specrouter.worker import rows as wire
+    from specrouter.worker.sampling import BatchSampling, next_token_probs, row_uniforms, sample
+
+    e = engine()
+    model, prompt, window, new = e.forward.model, [5, 9, 3, 17, 2], 4, 8
+    params = SamplingParams(temperature=1.0)
+
+    def probs(tokens: list[int], p: SamplingParams) -> torch.Tensor:   # [1, V]: the target's next-token distribution
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens])).logits[:, -1]
+        return next_token_probs(logits, BatchSampling([p], torch.device("cpu")), None)
+
+    first = probs(prompt, params)
+    rounded = wire.as_probs(wire.to_wire(first))
+    u = torch.cat([row_uniforms(s, 0, 0, 1) for s in range(40_000)])                    # [S]
+    apart = sample(first.expand(len(u), -1), u) != sample(rounded.expand(len(u), -1), u)
+    seeds = apart.nonzero().flatten().tolist()
+    assert len(seeds) >= 2, "no seed separates the full-precision draw from the rounded one; widen the search"
+    for seed in seeds[:4]:
+        p = SamplingParams(temperature=1.0, seed=seed)
+        expected = list(prompt)
+        for j in range(new):   # a target-only cycle c draws its i-th token with uniform i of stream (seed, c, 0)
+            u = row_uniforms(seed, j // window, 0, window)[j % window : j % window + 1]
+            expected.append(sample(probs(expected, p), u).item())
+        batch = ChainBatch({"t": e}, "t", 256)
+        batch.add([Row("r", list(prompt), len(prompt), p, new)])
+        done = run_to_completion(batch, lambda _: (("t",), window))
+        assert done["r"].generated == expected[len(prompt):], f"seed {seed}"

@@ -115,16 +115,18 @@ class PrefillResponse(_message.Message):
     def __init__(self, timing: _Optional[_Union[Timing, _Mapping]] = ..., predictions: _Optional[_Iterable[_Union[PrefillPredictions, _Mapping]]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
-    __slots__ = ("state_id", "level", "window", "rows")
+    __slots__ = ("state_id", "level", "window", "rows", "hand_up")
     STATE_ID_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    HAND_UP_FIELD_NUMBER: _ClassVar[int]
     state_id: str
     level: int
     window: int
     rows: _containers.RepeatedCompositeFieldContainer[RowStep]
-    def __init__(self, state_id: _Optional[str] = ..., level: _Optional[int] = ..., window: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[RowStep, _Mapping]]] = ...) -> None: ...
+    hand_up: bool
+    def __init__(self, state_id: _Optional[str] = ..., level: _Optional[int] = ..., window: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[RowStep, _Mapping]]] = ..., hand_up: _Optional[bool] = ...) -> None: ...
 
 class VerifyRow(_message.Message):
     __slots__ = ("step", "proposal")
