@@ -30,13 +30,14 @@ from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
 
-from specrouter.router.chain import FINISH_STOP, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, Row
+from specrouter.router.chain import TARGET_ONLY_BLOCK, ChainBatch, CycleReport, Row
 from specrouter.router.failures import OutOfMemory, RowsFailed, WorkerCallFailed, out_of_memory, row_failure
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle, request_span
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.placement import Placement
 from specrouter.router.replicas import ReplicaSet
 from specrouter.router.requests import GenerationRequest
+from specrouter.router.stops import Decode, StopStrings
 from specrouter.router.workers import Worker
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ CycleDone = Callable[[ChainBatch, CycleReport, list[Row], int, bool], None]
 class Batcher:
     def __init__(self, workers: Mapping[str, Worker] | ReplicaSet, target: str, context_length: int,
                  eos_token_id: int | None, choose_auto: ChooseChain,
-                 stop_check: Callable[[RequestHandle, Row], int | None] | None = None,
+                 decode: Decode | None = None,
                  on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
                  on_cycle_done: CycleDone | None = None, prompt_positions: int = 0,
                  health: WorkerHealth | None = None, on_emitted: Callable[[int], None] | None = None):
@@ -63,7 +64,7 @@ class Batcher:
         self.context_length = context_length
         self.stop_tokens = frozenset() if eos_token_id is None else frozenset({eos_token_id})
         self.choose_auto = choose_auto
-        self.stop_check = stop_check
+        self.decode = decode   # the tokenizer's, to find stop strings in the text
         self.on_cycle = on_cycle
         self.on_cycle_done = on_cycle_done
         self.on_emitted = on_emitted   # after each cycle: the tokens it handed to requests (stops applied)
@@ -85,6 +86,8 @@ class Batcher:
         self.health.stop()
 
     def submit(self, request: GenerationRequest, span_context: trace.SpanContext | None = None) -> RequestHandle:
+        if request.stop and self.decode is None:
+            raise ValueError("a request with stop strings needs a batcher made with the tokenizer's decode")
         handle = RequestHandle(request, span_context=span_context)
         self._inbox.put(handle)
         return handle
@@ -146,8 +149,7 @@ class Batcher:
             for h in group:
                 h.events.put(Failed(exc))
             return
-        rows = [Row(h.row_id, h.request.prompt_ids, len(h.request.prompt_ids), h.request.sampling,
-                    h.request.max_new_tokens, self.stop_tokens) for h in group]
+        rows = [self._row(h) for h in group]
         room = batch.room()
         if room is not None and len(group) > room:   # the batch is bounded: the rest wait for room
             self._waiting[key].extend(zip(group[room:], rows[room:]))
@@ -190,6 +192,12 @@ class Batcher:
         for h in group:
             h.joined_ns = now
             self._handles[h.row_id] = h
+
+    def _row(self, handle: RequestHandle) -> Row:
+        r = handle.request
+        stops = StopStrings(r.stop, self.decode) if r.stop else None
+        return Row(handle.row_id, r.prompt_ids, len(r.prompt_ids), r.sampling, r.max_new_tokens, self.stop_tokens,
+                   stops)
 
     @staticmethod
     def _release(batch: ChainBatch, rows: list[Row]) -> None:
@@ -258,12 +266,6 @@ class Batcher:
             for model, accepted in report.accepted.items():
                 handle.accepted[model].append(accepted[index])
             emitted = report.emitted[row.row_id]
-            keep = self.stop_check(handle, row) if row.finish_reason is None and self.stop_check else None
-            if keep is not None:  # a stop string completed: drop what follows it
-                drop = len(row.generated) - keep
-                del row.tokens[len(row.tokens) - drop :]
-                emitted = emitted[: len(emitted) - drop]
-                row.finish_reason = FINISH_STOP
             handle.events.put(Emitted(emitted))
             handed += len(emitted)
         if self.on_emitted is not None:

@@ -8,7 +8,9 @@ For a chain [M1, ..., Mn] (Mn the target) and window W, one cycle is:
             emitted token has been verified by the target;
 4. rollback: each model keeps in its state only the emitted prefix; what it must drop is sent with its
             next call, together with the emitted tokens it has not yet seen (catch-up);
-5. stop:    EOS and max_new_tokens are applied to the emitted tokens; tokens after a stop are dropped.
+5. stop:    EOS, stop strings and max_new_tokens are applied to the emitted tokens, in every cycle that
+            emits (a stop string that completes in the cycle that also reaches max_new_tokens or EOS stops
+            the row there); tokens after a stop are dropped.
 Near the end of the context every proposal is cut to the room its rows have left (each intermediate hands
 up one token more than it was given), which changes no emitted token: a shorter proposal is verified the
 same way. A call that a worker refuses for some rows alone ends those rows; the others run the cycle again.
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from specrouter.router.failures import RowsFailed, WorkerCallFailed, failed_rows
+from specrouter.router.stops import StopStrings
 from specrouter.router.workers import Worker
 from specrouter.worker.calls import RowStep, SamplingParams, StepResult, VerifyRow
 
@@ -57,6 +60,7 @@ class Row:
     sampling: SamplingParams
     max_new_tokens: int
     stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: StopStrings | None = None
     cycle: int = 0
     finish_reason: str | None = None
     seen: dict[str, int] = field(default_factory=dict)      # per model: tokens of `tokens` in its valid cache
@@ -288,7 +292,7 @@ class ChainBatch:
             for r, spec in zip(rows, cached):
                 new = emitted[r.row_id]
                 # the last emitted token stays pending for every model: its logits start the next cycle
-                keep = min(_common_prefix(spec, new), len(new) - 1)
+                keep = max(0, min(_common_prefix(spec, new), len(new) - 1))
                 r.seen[model] = len(r.tokens) - len(new) + keep
                 r.spec[model] = spec[keep:]
         for r in rows:
@@ -314,6 +318,9 @@ class ChainBatch:
         return steps
 
     def _emit(self, row: Row, tokens: Sequence[int]) -> list[int]:
+        """Appends the target's tokens to the row up to its first stop, and returns those it keeps. A stop
+        string is looked for whatever else ended the row in this cycle, and wins: the row's text is the same
+        whether the string completes in a cycle of its own or in the one that reaches max_new_tokens."""
         out = []
         for t in tokens:
             row.tokens.append(t)
@@ -324,6 +331,12 @@ class ChainBatch:
                 row.finish_reason = FINISH_LENGTH
             if row.finish_reason:
                 break
+        keep = row.stop_strings.keep(row.generated, len(out)) if row.stop_strings is not None else None
+        if keep is not None:
+            drop = len(row.generated) - keep
+            del row.tokens[len(row.tokens) - drop:]
+            del out[len(out) - drop:]
+            row.finish_reason = FINISH_STOP
         return out
 
     def _check_chain(self, chain: tuple[str, ...]) -> None:

@@ -105,7 +105,7 @@ class Router:
         self.scheduler = Scheduler(self.by_size, self.target, settings.scheduler, lambda: self.metrics.get()[0],
                                    warmup, offline)
         self.batcher = Batcher(replicas, self.target, self.context_length, self.tokenizer.eos_token_id,
-                               self.choose_auto, self.stop_check, self.reporter.observe, self.cycle_done,
+                               self.choose_auto, self.tokenizer.decode, self.reporter.observe, self.cycle_done,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
                                on_emitted=self.prometheus.tokens.inc)
 
@@ -137,21 +137,6 @@ class Router:
         decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None
         self.prometheus.observe_cycle(report, rows, cycle_ns, decision.prediction if decision is not None else None)
         self.scheduler.observe(report, rows, cycle_ns, auto, decision)
-
-    def stop_check(self, handle: RequestHandle, row: Row) -> int | None:
-        """Generated tokens to keep when a stop string has completed, else None."""
-        stops = handle.request.stop
-        if not stops:
-            return None
-        text = self.tokenizer.decode(row.generated)
-        hits = [text.find(s) + len(s) for s in stops if s in text]
-        if not hits:
-            return None
-        end = min(hits)
-        for keep in range(1, len(row.generated) + 1):
-            if len(self.tokenizer.decode(row.generated[:keep])) >= end:
-                return keep
-        return len(row.generated)
 
     def request_from_pb(self, m: pb.GenerateRequest) -> GenerationRequest:
         seed = m.seed if m.HasField("seed") else random.getrandbits(SEED_BITS)

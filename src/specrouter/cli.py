@@ -73,7 +73,7 @@ def generate(
         fail("INVALID_ARGUMENT", "the prompt is not valid UTF-8")
     if in_process:
         result = _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k,
-                                      repetition_penalty, seed, chain, window)
+                                      repetition_penalty, seed, chain, window, stop)
     else:
         from specrouter.client import SpecRouterError
 
@@ -106,7 +106,7 @@ def generate(
 
 
 def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed,
-                         chain, window) -> dict:
+                         chain, window, stop) -> dict:
     from specrouter.pool.load import PoolDir
     from specrouter.pool.manifest import PoolError
     from specrouter.inprocess import InProcessPool, chain_name
@@ -123,7 +123,7 @@ def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k
         quiet_transformers()
         local = InProcessPool(pool_dir)
         steps = steps or (local.by_size()[0], local.target)
-        g = local.generate([prompt], steps, window or 4, params, max_new_tokens)[0]
+        g = local.generate([prompt], steps, window or 4, params, max_new_tokens, stop=stop)[0]
     except (ValueError, PoolError) as exc:
         fail("INVALID_ARGUMENT", str(exc))
     return {"text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason, "cycles": g.cycles,

@@ -17,6 +17,7 @@ import torch
 
 from specrouter.pool.load import PoolDir, load_model, load_tokenizer
 from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
+from specrouter.router.stops import StopStrings
 from specrouter.worker.calls import SamplingParams
 from specrouter.worker.engine import EngineSettings, WorkerEngine
 from specrouter.worker.forward import ModelForward
@@ -64,11 +65,12 @@ class InProcessPool:
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], chain: Sequence[str], window: int,
                      params: Sequence[SamplingParams], max_new_tokens: int,
-                     on_cycle=None) -> list[Row]:
+                     on_cycle=None, stop: Sequence[str] = ()) -> list[Row]:
         batch = ChainBatch(self.engines, self.target, self.context_length)
         eos = self.tokenizer.eos_token_id
         stops = frozenset() if eos is None else frozenset({eos})
-        rows = [Row(f"{i}-{uuid.uuid4().hex[:8]}", list(p), len(p), sp, max_new_tokens, stops)
+        strings = StopStrings(stop, self.tokenizer.decode) if stop else None
+        rows = [Row(f"{i}-{uuid.uuid4().hex[:8]}", list(p), len(p), sp, max_new_tokens, stops, strings)
                 for i, (p, sp) in enumerate(zip(prompts, params))]
         batch.add(rows)
         try:
@@ -78,7 +80,7 @@ class InProcessPool:
         return [done[r.row_id] for r in rows]
 
     def generate(self, prompts: Sequence[str], chain: Sequence[str], window: int, params: SamplingParams,
-                 max_new_tokens: int, on_cycle=None) -> list[Generation]:
+                 max_new_tokens: int, on_cycle=None, stop: Sequence[str] = ()) -> list[Generation]:
         ids = [self.encode(p) for p in prompts]
         if any(not i for i in ids):
             raise ValueError("empty prompt: give at least one character of text")
@@ -90,7 +92,7 @@ class InProcessPool:
                 on_cycle(report)
 
         start = time.perf_counter()
-        rows = self.generate_ids(ids, chain, window, [params] * len(ids), max_new_tokens, record)
+        rows = self.generate_ids(ids, chain, window, [params] * len(ids), max_new_tokens, record, stop)
         seconds = time.perf_counter() - start
         chain_counts = Counter(chain_name(r.chain) for r in stats)
         out = []

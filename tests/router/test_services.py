@@ -223,6 +223,23 @@ def test_stop_strings_end_the_output(client, local, long_prompt) -> None:
     assert stop not in local.tokenizer.decode(got.token_ids[:-1])  # nothing kept past the stop
 
 
+def test_a_stop_string_at_the_last_allowed_token_stops_every_chain(client, local, prompts) -> None:
+    """A stop string that completes in the cycle that reaches max_new_tokens ends the request 'stop', on the
+    same tokens, whatever the chain and the window."""
+    checked = 0
+    for prompt in prompts:
+        free = client.generate(prompt, max_new_tokens=6, chain="target", window=1)
+        stop = local.tokenizer.decode(free.token_ids[-2:]).strip()
+        if not stop or stop in local.tokenizer.decode(free.token_ids[:-1]):   # it must complete at the last token
+            continue
+        for chain, window in [("target", 0), ("target", 1), ("stdlib-1m,stdlib-29m", 4),
+                              ("stdlib-1m,stdlib-5m,stdlib-29m", 2), ("auto", 0)]:
+            got = client.generate(prompt, max_new_tokens=6, chain=chain, window=window, stop=[stop])
+            assert (got.finish_reason, got.token_ids) == ("stop", free.token_ids), (chain, window, stop)
+        checked += 1
+    assert checked >= 3, "too few prompts end in a stop string of their own; pick others"
+
+
 def test_async_client_and_streaming_agree_with_the_blocking_client(cluster, client, prompts) -> None:
     params = dict(max_new_tokens=20, temperature=0.8, seed=9, chain="stdlib-1m,stdlib-29m", window=3)
     expected = client.generate(prompts[3], **params)
