@@ -1,7 +1,7 @@
 """`specrouter up` on the demo pool keeps serving through kill -9 of each of its processes in turn: the drafter's
 worker (no request lost, the drafter used again once back), the profiler (none lost, measurements again once
-back), the target's worker (the requests it served fail UNAVAILABLE naming it, none hangs, served again once
-back) and the router (back on its address). Greedy output stays the target's throughout."""
+back), the target's worker (the requests in flight wait for it, join again from their tokens and finish) and
+the router (back on its address). Greedy output stays the target's throughout."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent import futures
 
 import grpc
 import pytest
@@ -24,6 +25,7 @@ from tests.router.test_services import profiler_snapshot
 DRAFTER, TARGET = "stdlib-1m", "stdlib-29m"
 PROMPT = "def parse(path):"
 NEW_TOKENS = 32
+LONG_TOKENS, LONG_REQUESTS = 300, 6   # requests in flight when the target's worker is killed
 WAIT_S = 300.0   # bound on start-ups and restarts on a loaded machine (not a timing assertion)
 
 
@@ -122,7 +124,8 @@ def serving(address: str) -> bool:
 
 @pytest.mark.slow
 def test_up_restarts_a_killed_drafter_and_router_on_their_addresses(tmp_path) -> None:
-    up = Up(tmp_path / "logs")
+    log_dir = tmp_path / "logs"
+    up = Up(log_dir)
     try:
         router_at = up.wait_for("router listening on ").split()[-1]
         profiler_at, drafter_at, target_at = (up.address_of(name) for name in ("profiler", f"worker-{DRAFTER}",
@@ -157,19 +160,21 @@ def test_up_restarts_a_killed_drafter_and_router_on_their_addresses(tmp_path) ->
                 assert TARGET in {f.model for f in snap.forward}   # the target runs in every chain
             assert not asking.failures and all(o == expected for o in asking.outputs), asking.failures
 
-            # the target's worker killed: the requests it served fail UNAVAILABLE naming it and none hangs;
-            # once it is back the router serves again, the target's output
-            with Asking(client) as asking:
-                asking.wait_for_outputs(1)
+            # the target's worker killed while long requests run: they wait for it to come back, join again
+            # from their tokens and finish with the target's output; none fails, none hangs
+            long_expected = client.generate(PROMPT, max_new_tokens=LONG_TOKENS, chain="target").token_ids
+            with futures.ThreadPoolExecutor(LONG_REQUESTS) as pool:
+                streams = [pool.submit(lambda: client.generate(PROMPT, max_new_tokens=LONG_TOKENS))
+                           for _ in range(LONG_REQUESTS)]
+                time.sleep(1.0)
+                assert not any(f.done() for f in streams), "the requests ended before the kill; make them longer"
                 os.kill(up.child("--name", TARGET), signal.SIGKILL)
                 up.wait_for(f"worker-{TARGET} exited with code -9 (SIGKILL); starting it again on {target_at}")
                 up.wait_for(f"worker-{TARGET} is back at {target_at} (restart 1)")
-                back = retry_unavailable(lambda: client.generate(PROMPT, max_new_tokens=NEW_TOKENS))
-                assert back.token_ids == expected
-            assert asking.failures, "no request was in flight when the target's worker died"
-            for failure in asking.failures:
-                assert isinstance(failure, UnavailableError) and f"worker of {TARGET}" in failure.message, failure
-            assert all(o == expected for o in asking.outputs)
+                outputs = [f.result(WAIT_S).token_ids for f in streams]
+            assert outputs == [long_expected] * LONG_REQUESTS
+            router_log = (log_dir / "router.log").read_text()
+            assert "wait for one to answer" in router_log and "answers again" in router_log
 
             router_pid = up.child("specrouter.router")
             os.kill(router_pid, signal.SIGKILL)

@@ -11,12 +11,15 @@ target is taken out (`health`): its batch drops the model and goes on over the c
 row lost, and new batches start on the model's other replicas, or without it until one answers again;
 requests that named a chain through it fail UNAVAILABLE. A target replica that is lost moves its batch to
 another replica of the target, the rows joining again from their tokens with the same output (`_recover`);
-with none left, or on any other failure of the target, the rows of its batch fail, and only those. A call
-that a worker refuses for some rows alone (a row past its context, a row its state lost, a token it cannot
-take) ends those requests alone: the others run the cycle again (it emitted nothing), or are prefilled
-again without them, with the same output. A worker that runs out of memory in a cycle makes the batch
-smaller (`_shrink`): fewer rows, then a shorter window, then a shorter chain; its rows join again from
-their tokens, with the same output.
+with none left the rows wait for one to answer again (a worker restarting), up to `target_wait_s`
+(`_target_answers`); on any other failure of the target, the rows of its batch fail, and only those. A
+worker whose state of the batch is out of line with the rows (a release it missed, a restart, its TTL) has
+it rebuilt from the rows' tokens (`ChainBatch`), and the cycle runs again. A call that a worker refuses for
+some rows alone (a row past its context, a token it cannot take) ends those requests alone: the others run
+the cycle again (it emitted nothing), or are prefilled again without them, with the same output. A worker
+that runs out of memory in a cycle makes the batch smaller (`_shrink`): fewer rows, then a shorter window,
+then a shorter chain; in a prefill, fewer rows join at a time. Its rows join again from their tokens, with
+the same output.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
 
-from specrouter.router.chain import TARGET_ONLY_BLOCK, ChainBatch, CycleReport, Row
-from specrouter.router.failures import OutOfMemory, RowsFailed, WorkerCallFailed, out_of_memory, row_failure
+from specrouter.router.chain import FAN_OUT, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, Row
+from specrouter.router.failures import (OutOfMemory, RowsFailed, StateOutOfLine, WorkerCallFailed, out_of_memory,
+                                        row_failure, state_out_of_line)
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle, request_span
 from specrouter.router.health import ModelUnavailable, WorkerHealth
+from specrouter.router.orphans import Orphans
 from specrouter.router.placement import Placement
 from specrouter.router.replicas import ReplicaSet
 from specrouter.router.requests import GenerationRequest
@@ -54,7 +59,8 @@ class Batcher:
                  decode: Decode | None = None,
                  on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
                  on_cycle_done: CycleDone | None = None, prompt_positions: int = 0,
-                 health: WorkerHealth | None = None, on_emitted: Callable[[int], None] | None = None):
+                 health: WorkerHealth | None = None, on_emitted: Callable[[int], None] | None = None,
+                 target_wait_s: float = 0.0):
         # one worker per model, or every replica of each (a router's)
         self.replicas = workers if isinstance(workers, ReplicaSet) else ReplicaSet.fixed(workers)
         self.health = health or WorkerHealth(self.replicas, target)
@@ -73,6 +79,11 @@ class Batcher:
         self._handles: dict[str, RequestHandle] = {}
         # rows that wait for room in their batch, bounded after a worker ran out of memory (oldest first)
         self._waiting: dict[tuple, deque[tuple[RequestHandle, Row]]] = defaultdict(deque)
+        # how long rows wait for a replica of the target while none answers (0: they fail at once), and since
+        # when each batch's rows have been waiting
+        self.target_wait_s = target_wait_s
+        self._held: dict[tuple, float] = {}
+        self.orphans = Orphans(FAN_OUT)   # states left on replicas that did not answer their release
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
 
@@ -99,7 +110,7 @@ class Batcher:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            if self._admit(block=not self._batches):
+            if self._admit(block=not any(b.rows for b in self._batches.values())):
                 # requests that came in while those were prefilled join before the first cycle: clients
                 # that send together arrive a few ms apart, and a prefill takes longer than that
                 self._admit(block=False)
@@ -115,6 +126,8 @@ class Batcher:
                 if not batch.rows and not self._waiting.get(key):
                     del self._batches[key]
                     self._waiting.pop(key, None)
+                    self._held.pop(key, None)
+            self.orphans.retry()
             self.replicas.close_retired(w for b in self._batches.values() for w in b.workers.values())
         for key, batch in self._batches.items():
             for row in list(batch.rows.values()):
@@ -139,59 +152,20 @@ class Batcher:
         return True
 
     def _admit_group(self, key: tuple, group: list[RequestHandle]) -> None:
-        """Prefills `group` into the batch of `key` (a new one placed on the replicas with the least load), on the
-        models that are up; after a replica fails the prefill, it is done again without it (`_recover`)."""
-        chain = key[0]
-        try:
-            batch = self._batches.get(key) or ChainBatch(self.placement.place(self._loads()), self.target,
-                                                           self.context_length, prompt_positions=self.prompt_positions)
-        except ModelUnavailable as exc:
-            for h in group:
-                h.events.put(Failed(exc))
-            return
-        rows = [self._row(h) for h in group]
-        room = batch.room()
-        if room is not None and len(group) > room:   # the batch is bounded: the rest wait for room
-            self._waiting[key].extend(zip(group[room:], rows[room:]))
-            group, rows = group[:room], rows[:room]
-        retries = len(self.replicas.members())   # each retry follows a replica taken out
-        while group:
-            for model, worker in list(batch.workers.items()):
-                if model != self.target and not self.health.is_up(worker):
-                    batch.drop_model(model)
-            error = self._missing(chain, batch)
-            if error is not None:
-                for h in group:
-                    h.events.put(Failed(error))
-                return
+        """Queues `group` for the batch of `key` (a new one placed on the replicas with the least load) and
+        admits as many as fit (`_admit_waiting`)."""
+        batch = self._batches.get(key)
+        if batch is None:
             try:
-                started = time.perf_counter_ns()
-                with request_span("prefill", group, {"specrouter.rows": len(rows)}):
-                    batch.add(rows)
-                for h in group:
-                    h.breakdown.prefill_ns += time.perf_counter_ns() - started
-                break
-            except Exception as exc:  # noqa: BLE001 - a failed prefill fails these requests only
-                self._release(batch, rows)
-                if isinstance(exc, RowsFailed):   # those rows end; the others are prefilled again
-                    self._fail_rows(exc, [h for h in group if h.row_id in exc.row_ids])
-                    group = [h for h in group if h.row_id not in exc.row_ids]
-                    rows = [r for r in rows if r.row_id not in exc.row_ids]
-                    continue
-                if retries and isinstance(exc, WorkerCallFailed) and self._recover(key, batch, exc):
-                    retries -= 1
-                    continue
-                log.warning("prefill failed: %s", exc)
+                batch = ChainBatch(self.placement.place(self._loads()), self.target, self.context_length,
+                                   prompt_positions=self.prompt_positions, orphans=self.orphans)
+            except ModelUnavailable as exc:
                 for h in group:
                     h.events.put(Failed(exc))
                 return
-        if not group:
-            return
-        self._batches[key] = batch
-        now = time.perf_counter_ns()
-        for h in group:
-            h.joined_ns = now
-            self._handles[h.row_id] = h
+            self._batches[key] = batch
+        self._waiting[key].extend((h, self._row(h)) for h in group)
+        self._admit_waiting(key, batch)
 
     def _row(self, handle: RequestHandle) -> Row:
         r = handle.request
@@ -242,8 +216,15 @@ class Batcher:
                     span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
                 if self.on_cycle is not None:
                     self.on_cycle(report, rows)   # measurements are queued inside the cycle's span
-        except RowsFailed as exc:   # those rows end; the others run the cycle again at the next turn
-            gone = batch.remove(list(exc.row_ids))
+        except StateOutOfLine:   # that worker's state is rebuilt before its next call; the cycle runs again
+            return
+        except RowsFailed as exc:
+            if exc.model != self.target and state_out_of_line(exc.cause):   # rebuilt, and out of line still
+                log.warning("the state of %s stays out of line with the batch's rows (%s); the batch goes on without "
+                            "it", exc.model, exc.cause)
+                batch.drop_model(exc.model)   # a drafter's lost state costs speed, never a request
+                return
+            gone = batch.remove(list(exc.row_ids))   # those rows end; the others run the cycle again
             self._fail_rows(exc, [self._handles.pop(r.row_id) for r in gone])
             return
         except WorkerCallFailed as exc:
@@ -317,40 +298,98 @@ class Batcher:
         self._waiting[key].extendleft(reversed(list(zip(handles, rows))))
 
     def _admit_waiting(self, key: tuple, batch: ChainBatch) -> None:
-        """Rows waiting for room in `batch` join it, as many as fit, the oldest first (prefilled from their
-        tokens: a row that ran before goes on where it stopped). A prefill that runs out of memory bounds the
-        batch further; one row that cannot be prefilled into an empty batch ends RESOURCE_EXHAUSTED."""
+        """Rows waiting for `batch` join it, as many as fit, the oldest first, prefilled on the models that
+        are up from their tokens (a row that ran before goes on where it stopped). A prefill that a worker
+        refuses for some rows ends those rows alone (a drafter's refusal drops the drafter instead); one that
+        runs out of memory halves what joins, and bounds the batch (one row that cannot be prefilled into an
+        empty batch ends RESOURCE_EXHAUSTED); after a replica fails, the prefill is done again without it
+        (`_recover`). While no replica of the target answers, the rows wait (`_target_answers`)."""
         waiting = self._waiting.get(key)
         if not waiting:
             return
         for pair in [p for p in waiting if p[0].cancelled.is_set()]:
             waiting.remove(pair)
             pair[0].events.put(Failed(CancelledError("request cancelled")))
-        room = batch.room()
-        take = [waiting.popleft() for _ in range(len(waiting) if room is None else min(room, len(waiting)))]
-        if not take:
-            return
-        handles, rows = [h for h, _ in take], [r for _, r in take]
-        try:
-            with request_span("prefill", handles, {"specrouter.rows": len(rows)}):
-                batch.add(rows)
-        except Exception as exc:  # noqa: BLE001 - these requests fail, or wait again for less
-            self._release(batch, rows)
-            if isinstance(exc, WorkerCallFailed) and self._recover(key, batch, exc):
-                waiting.extendleft(reversed(take))
+        retries = len(self.replicas.members())   # each retry follows a replica taken out
+        while waiting and self._target_answers(key, batch):
+            for model, worker in list(batch.workers.items()):
+                if model != self.target and not self.health.is_up(worker):
+                    batch.drop_model(model)
+            error = self._missing(key[0], batch)
+            if error is not None:
+                while waiting:
+                    waiting.popleft()[0].events.put(Failed(error))
                 return
-            if isinstance(exc, WorkerCallFailed) and out_of_memory(exc.cause) and (batch.rows or len(rows) > 1):
-                batch.max_rows = len(batch.rows) + len(rows) // 2
-                waiting.extendleft(reversed(take))
+            room = batch.room()
+            take = [waiting.popleft() for _ in range(len(waiting) if room is None else min(room, len(waiting)))]
+            if not take:
                 return
-            if isinstance(exc, WorkerCallFailed) and out_of_memory(exc.cause):
-                exc = OutOfMemory(f"the worker of {exc.model} ran out of memory for this request's prefill alone "
-                                  f"({len(rows[0].tokens)} tokens): send a shorter prompt ({exc.cause})")
+            handles, rows = [h for h, _ in take], [r for _, r in take]
+            started = time.perf_counter_ns()
+            try:
+                with request_span("prefill", handles, {"specrouter.rows": len(rows)}):
+                    batch.add(rows)
+            except Exception as exc:  # noqa: BLE001 - these rows wait again, or fail alone
+                self._release(batch, rows)
+                if isinstance(exc, StateOutOfLine):   # that worker's state is rebuilt at the next try
+                    waiting.extendleft(reversed(take))
+                    return
+                if isinstance(exc, RowsFailed) and exc.model != self.target and state_out_of_line(exc.cause):
+                    batch.drop_model(exc.model)   # a drafter's lost state costs speed, never a request
+                    waiting.extendleft(reversed(take))
+                    continue
+                if isinstance(exc, RowsFailed):   # those rows end; the others are prefilled again
+                    self._fail_rows(exc, [h for h in handles if h.row_id in exc.row_ids])
+                    waiting.extendleft(reversed([p for p in take if p[0].row_id not in exc.row_ids]))
+                    continue
+                if isinstance(exc, WorkerCallFailed) and out_of_memory(exc.cause) and (batch.rows or len(rows) > 1):
+                    batch.max_rows = len(batch.rows) + len(rows) // 2
+                    log.warning("the worker of %s ran out of memory prefilling %d row(s) beside %d; at most %d rows "
+                                "from now on", exc.model, len(rows), len(batch.rows), batch.max_rows)
+                    waiting.extendleft(reversed(take))
+                    continue
+                if isinstance(exc, WorkerCallFailed) and out_of_memory(exc.cause):
+                    exc = OutOfMemory(f"the worker of {exc.model} ran out of memory for this request's prefill "
+                                      f"alone ({len(rows[0].tokens)} tokens): send a shorter prompt ({exc.cause})")
+                elif isinstance(exc, WorkerCallFailed) and retries and self._recover(key, batch, exc, waiting=take):
+                    retries -= 1
+                    continue
+                log.warning("prefill failed: %s", exc)
+                for h in handles:
+                    h.events.put(Failed(exc))
+                continue
+            now = time.perf_counter_ns()
             for h in handles:
-                h.events.put(Failed(exc))
-            return
-        for h in handles:
-            self._handles[h.row_id] = h
+                h.breakdown.prefill_ns += now - started
+                h.joined_ns = h.joined_ns or now
+                self._handles[h.row_id] = h
+
+    def _target_answers(self, key: tuple, batch: ChainBatch) -> bool:
+        """Whether the batch's replica of the target is up, or another that is takes its place (a batch with
+        no rows moves at no cost). While none is, the batch's rows wait, up to `target_wait_s` from when it
+        began waiting; then they fail UNAVAILABLE. With no wait allowed, the prefill is tried all the same, so
+        that the target's own failure reaches the requests."""
+        target = batch.workers[self.target]
+        if self.target_wait_s > 0 and not self.health.is_up(target):
+            spare = None if batch.rows else self.placement.spare(self.target, self._loads(), besides=target)
+            if spare is None:
+                now = time.monotonic()
+                held = self._held.setdefault(key, now)
+                if now - held < self.target_wait_s:
+                    return False
+                error = ModelUnavailable(
+                    f"no replica of the target {self.target} has answered for {now - held:.0f} s "
+                    f"({self.health.why(target)}); retry once its workers are back")
+                for h, _ in self._waiting.pop(key, ()):
+                    h.events.put(Failed(error))
+                self._fail_batch(batch, (self.target,), error)
+                self._held.pop(key, None)
+                return False
+            batch.workers[self.target] = spare
+        if self._held.pop(key, None) is not None:
+            log.warning("a replica of the target %s answers again; the rows that waited for it join again",
+                        self.target)
+        return True
 
     def _loads(self) -> Counter[int]:
         """Rows on each replica (by id), running or waiting to join their batch: what placement balances."""
@@ -361,14 +400,15 @@ class Batcher:
                 loads[id(worker)] += rows
         return loads
 
-    def _recover(self, key: tuple, batch: ChainBatch, exc: WorkerCallFailed) -> bool:
+    def _recover(self, key: tuple, batch: ChainBatch, exc: WorkerCallFailed,
+                 waiting: list[tuple[RequestHandle, Row]] = ()) -> bool:
         """Whether `batch` goes on after a call that failed as a whole (`Placement.recover`); rows that moved to
-        another replica of the target wait to join it again, first in line."""
-        rows = self.placement.recover(batch, exc, self._loads(), named=key[0] or ())
+        another replica of the target, or wait for one, join again first in line, before `waiting` (rows of a
+        prefill that failed, which wait again)."""
+        rows = self.placement.recover(batch, exc, self._loads(), named=key[0] or (), hold=self.target_wait_s > 0)
         if rows is None:
             return False
-        if rows:
-            self._waiting[key].extendleft(reversed([(self._handles.pop(r.row_id), r) for r in rows]))
+        self._waiting[key].extendleft(reversed([*[(self._handles.pop(r.row_id), r) for r in rows], *waiting]))
         return True
 
     def _missing(self, chain: tuple[str, ...] | None, batch: ChainBatch) -> ModelUnavailable | None:

@@ -26,12 +26,15 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from specrouter.router.failures import RowsFailed, WorkerCallFailed, failed_rows
+from specrouter.router.failures import (RowsFailed, StateOutOfLine, WorkerCallFailed, failed_rows, state_out_of_line,
+                                        state_unknown, worker_gone)
+from specrouter.router.orphans import Orphans
 from specrouter.router.stops import StopStrings
 from specrouter.router.workers import Worker
 from specrouter.worker.calls import RowStep, SamplingParams, StepResult, VerifyRow
@@ -42,12 +45,13 @@ log = logging.getLogger(__name__)
 FINISH_STOP = "stop"      # EOS or a stop sequence
 FINISH_LENGTH = "length"  # max_new_tokens or the context
 TARGET_ONLY_BLOCK = 4     # tokens per call of a target-only cycle when the window is left open (0)
+MAX_RESYNCS = 2           # rebuilds of a model's state in a row before the failure that asked for them is final
 
 # Calls that go to every worker (prefill, release) go out together to the workers in other processes (or
 # devices), so a row joins after the slowest prefill, not after the sum of them. Engines in this process
 # are called in turn on the calling thread: they share its cores anyway, and a forward pass on another
 # thread would start a second OpenMP team that slows every later pass of this one.
-_FAN_OUT = ThreadPoolExecutor(max_workers=16, thread_name_prefix="worker-fan-out")
+FAN_OUT = ThreadPoolExecutor(max_workers=16, thread_name_prefix="worker-fan-out")
 
 
 @dataclass
@@ -109,10 +113,15 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class ChainBatch:
-    """A running batch of rows and their state on every worker of the pool."""
+    """A running batch of rows and their state on every worker of the pool.
+
+    The router's rows are the truth: a worker's state of the batch that no longer matches them (a release
+    that failed, a worker that restarted or let the state expire, a replica that came back holding rows that
+    moved away) is rebuilt from the rows' tokens before that worker's next call (`_resync`), so a worker's
+    trouble costs time, never a row."""
 
     def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int,
-                 state_id: str | None = None, prompt_positions: int = 0):
+                 state_id: str | None = None, prompt_positions: int = 0, orphans: Orphans | None = None):
         if target not in workers:
             raise ValueError(f"target {target!r} is not among the workers {sorted(workers)}")
         if prompt_positions < 0:
@@ -123,7 +132,10 @@ class ChainBatch:
         self.prompt_positions = prompt_positions   # last prompt positions the models' guesses are compared on
         self.state_id = state_id or uuid.uuid4().hex
         self.rows: dict[str, Row] = {}
-        self._releasing: list[tuple[str, int, Future]] = []   # (model, rows, call): releases still on their way
+        self.orphans = Orphans(FAN_OUT) if orphans is None else orphans   # states left on workers it left
+        self._releasing: list[tuple[str, list[str], Future]] = []   # (model, row ids, call): releases on their way
+        self._stale: set[str] = set()   # models whose state of the batch is rebuilt before their next call
+        self._resyncs: Counter[str] = Counter()   # rebuilds of each model's state since its last good call
         # bounds set when a worker ran out of memory on this batch (None: none)
         self.max_rows: int | None = None
         self.max_window: int | None = None
@@ -142,12 +154,14 @@ class ChainBatch:
             if row.row_id in self.rows:
                 raise ValueError(f"row {row.row_id!r} is already running")
         self._settle_releases()
+        self._bring_in_line(self.workers)
         batch = [(r.row_id, r.tokens[:-1]) for r in rows]
         n = self.prompt_positions
         try:
             results = self._on_every_worker(lambda worker: worker.prefill(self.state_id, batch, n))
         except WorkerCallFailed as exc:
             raise self._call_failed(exc.model, exc.cause, rows) from exc.cause
+        self._resyncs.clear()
         for i, r in enumerate(rows):
             r.seen = {name: len(r.tokens) - 1 for name in self.workers}
             r.spec = {name: [] for name in self.workers}
@@ -156,44 +170,103 @@ class ChainBatch:
             self.rows[r.row_id] = r
 
     def remove(self, row_ids: Sequence[str], wait: bool = True) -> list[Row]:
-        """Rows leave the batch; their entries are released on every worker (best effort: a worker that
-        does not answer drops them when they expire). With `wait=False`, while other rows stay, the
-        releases to workers in other processes go out without waiting for their answers, so the rows that
-        stay need not wait for them: the batch's next call, on any worker, waits for them first, so a worker
-        never sees a call for rows it has not yet let go of."""
+        """Rows leave the batch; their entries are released on every worker. With `wait=False`, while other
+        rows stay, the releases to workers in other processes go out without waiting for their answers, so
+        the rows that stay need not wait for them: the batch's next call, on any worker, waits for them
+        first, so a worker never sees a call for rows it has not yet let go of."""
         self._settle_releases()
         gone = [self.rows.pop(r) for r in row_ids if r in self.rows]
         if not gone:
             return gone
         ids = [r.row_id for r in gone]
         releases = self._start_on_every_worker(lambda worker: worker.release(self.state_id, ids))
-        self._releasing = [(model, len(ids), call) for model, call in releases.items()]
+        self._releasing = [(model, ids, call) for model, call in releases.items()]
         if wait or not self.rows:
             self._settle_releases()
         return gone
 
     def _settle_releases(self) -> None:
-        """Waits for the releases `remove` sent out."""
-        for model, rows, call in self._releasing:
-            if call.exception() is not None:
-                log.warning("release of %d row(s) failed on %s; its states expire: %s", rows, model, call.exception())
-        self._releasing = []
+        """Waits for the releases `remove` sent out. One that failed is sent again, unless its worker is
+        gone; if it still fails, that worker's state is rebuilt before its next call (its rows would no
+        longer match the calls' rows)."""
+        releasing, self._releasing = self._releasing, []
+        for model, ids, call in releasing:
+            cause = call.exception()
+            if cause is None or model not in self.workers:
+                continue
+            if not worker_gone(cause):
+                try:
+                    self.workers[model].release(self.state_id, ids)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - the state is rebuilt instead
+                    cause = exc
+            log.warning("release of %d row(s) failed on %s (%s); its state of the batch is rebuilt before its next "
+                        "call", len(ids), model, cause)
+            self._stale.add(model)
+
+    def _bring_in_line(self, models: Iterable[str]) -> None:
+        for model in [m for m in models if m in self._stale]:
+            self._resync(model)
+
+    def _resync(self, model: str) -> None:
+        """Rebuilds `model`'s state of the batch from the rows' tokens: whatever its worker holds under the
+        batch's state id is released, and every row is prefilled again (all but its last token, as `add`
+        does). Nothing emitted changes: a state is a function of its tokens."""
+        worker, rows = self.workers[model], list(self.rows.values())
+        self._resyncs[model] += 1
+        try:
+            try:
+                worker.release(self.state_id)
+            except Exception as exc:  # noqa: BLE001 - a state the worker does not hold is what a release wants
+                if not state_unknown(exc):
+                    raise
+            if rows:
+                worker.prefill(self.state_id, [(r.row_id, r.tokens[:-1]) for r in rows])
+        except Exception as exc:
+            raise self._call_failed(model, exc, rows) from exc
+        for r in rows:
+            r.seen[model] = len(r.tokens) - 1
+            r.spec[model] = []
+        self._stale.discard(model)
+        log.warning("the state of %d row(s) on %s was rebuilt from their tokens", len(rows), model)
+
+    def move(self, model: str, replica: Worker) -> list[Row]:
+        """`replica` serves `model` for the batch from now on, in place of the one that was lost (or the same
+        one, once it answers again). The rows leave every worker (all but the lost one are told) and are
+        returned: they must join the batch again, from their tokens. The batch takes a new state id, so a lost
+        replica that comes back holding the old state never clashes with it; the old state is released there
+        once it answers (`orphans`)."""
+        lost = self.workers.pop(model)
+        try:
+            gone = self.remove(list(self.rows))
+        finally:
+            self.workers[model] = replica
+        old, self.state_id = self.state_id, uuid.uuid4().hex
+        for stale in self._stale - {model}:   # releases that failed: the old state goes as a whole
+            self.orphans.release(self.workers[stale], old)
+        self._stale.clear()
+        self.orphans.release(lost, old)
+        return gone
 
     def drop_model(self, model: str) -> None:
-        """`model` leaves the batch (its worker failed): the chains through it are no longer possible here,
-        the others go on, each model's state of the rows being its own."""
+        """`model` leaves the batch (its worker failed, or its state could not be brought back in line): the
+        chains through it are no longer possible here, the others go on, each model's state of the rows being
+        its own. Its state of the batch is released once its worker answers (`orphans`)."""
         if model == self.target:
             raise ValueError(f"the target {model!r} cannot leave the batch")
-        self.workers.pop(model, None)
+        worker = self.workers.pop(model, None)
+        self._stale.discard(model)
         for r in self.rows.values():
             r.seen.pop(model, None)
             r.spec.pop(model, None)
+        if worker is not None:
+            self.orphans.release(worker, self.state_id)
 
     def _start_on_every_worker(self, call: Callable[[Worker], T]) -> dict[str, Future]:
         """`call` on every worker, a future of its outcome by model: the workers in other processes on the
         fan-out pool, at once; the engines in this process in turn, on this thread, before it returns."""
         # each call runs in a copy of this thread's context, so the calls join the caller's trace
-        futures = {name: _FAN_OUT.submit(contextvars.copy_context().run, call, worker)
+        futures = {name: FAN_OUT.submit(contextvars.copy_context().run, call, worker)
                    for name, worker in self.workers.items() if getattr(worker, "remote", False)}
         for name, worker in self.workers.items():
             if name not in futures:
@@ -219,10 +292,13 @@ class ChainBatch:
         if self.rows:
             self.remove(list(self.rows))
 
-    @staticmethod
-    def _call_failed(model: str, cause: BaseException, rows: Sequence[Row]) -> WorkerCallFailed:
-        """The error for a failed call: `RowsFailed` when the worker names rows of the call as the only ones
-        it failed for."""
+    def _call_failed(self, model: str, cause: BaseException, rows: Sequence[Row]) -> WorkerCallFailed:
+        """The error for a failed call: `StateOutOfLine` when the worker's state of the batch is not what the
+        rows say (and has not been rebuilt MAX_RESYNCS times in a row already: then it is a failure like any
+        other); `RowsFailed` when the worker names rows of the call as the only ones it failed for."""
+        if state_out_of_line(cause) and self._resyncs[model] < MAX_RESYNCS:
+            self._stale.add(model)
+            return StateOutOfLine(model, cause)
         named = set(failed_rows(cause))
         ids = [r.row_id for r in rows if r.row_id in named]
         return RowsFailed(model, cause, ids) if ids else WorkerCallFailed(model, cause)
@@ -236,6 +312,7 @@ class ChainBatch:
         if not rows:
             raise ValueError("no running rows")
         self._settle_releases()
+        self._bring_in_line(chain)
         # the most proposal tokens a level may be handed: verifying k tokens takes k + 1 positions past the
         # row's, and the longest row sets it for all (a worker checks every row for the longest proposal)
         room = max(0, min(self.context_length - len(r.tokens) - 1 for r in rows))
@@ -297,6 +374,8 @@ class ChainBatch:
                 r.spec[model] = spec[keep:]
         for r in rows:
             r.cycle += 1
+        for model in chain:
+            self._resyncs.pop(model, None)
         return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns)
 
     @staticmethod

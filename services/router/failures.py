@@ -34,6 +34,12 @@ class RowsFailed(WorkerCallFailed):
         self.row_ids = tuple(row_ids)
 
 
+class StateOutOfLine(WorkerCallFailed):
+    """`model`'s worker holds a state of the batch other than the router's rows (it lost it, or holds rows or
+    lengths the call does not name). No row is at fault: the batch rebuilds that state from the rows' tokens
+    before its next call to the worker and runs the cycle again, with the same output."""
+
+
 class OutOfMemory(RuntimeError):
     """A worker ran out of memory for a batch that could not be made any smaller: its client gets
     RESOURCE_EXHAUSTED."""
@@ -43,8 +49,26 @@ def out_of_memory(cause: BaseException) -> bool:
     """Whether a worker's error says it ran out of memory: RESOURCE_EXHAUSTED from a remote worker, the
     allocator's own error (torch's OutOfMemoryError, MemoryError) from an engine in this process. Such a call
     may have stopped half way through, so the rows' states on that worker are no longer known."""
-    code = cause.code() if isinstance(cause, grpc.Call) else protocol.status_for(cause)
-    return code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    return _code(cause) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def _code(cause: BaseException) -> grpc.StatusCode:
+    """The status of a worker's error: a remote worker's own, an engine's in process as it would answer."""
+    return cause.code() if isinstance(cause, grpc.Call) else protocol.status_for(cause)
+
+
+def state_unknown(cause: BaseException) -> bool:
+    """Whether a worker's error says it holds no state of that id (released, expired, or it restarted)."""
+    return _code(cause) == grpc.StatusCode.NOT_FOUND
+
+
+def state_out_of_line(cause: BaseException) -> bool:
+    """Whether a worker's error says its state is not what the call expects: no state of that id (NOT_FOUND),
+    or rows or lengths other than the call's (FAILED_PRECONDITION: a row it does not hold, rows the call does
+    not name, a rollback past a row's length, a row it holds already). Rebuilding the state from the rows'
+    tokens answers it; a row past the model's context (OUT_OF_RANGE) or a token it cannot take
+    (INVALID_ARGUMENT) is the row's own fault, and is not this."""
+    return _code(cause) in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 def worker_gone(cause: BaseException) -> bool:

@@ -46,6 +46,12 @@ class WorkerHealth:
             out[model] = down[id(replicas[-1])][1] if replicas else "no replica of it is left"
         return out
 
+    def why(self, worker: Worker) -> str:
+        """Why the replica `worker` is out ("up" when it is not)."""
+        with self._lock:
+            entry = self._down.get(id(worker))
+        return entry[1] if entry is not None else "up"
+
     def is_up(self, worker: Worker) -> bool:
         with self._lock:
             return id(worker) not in self._down

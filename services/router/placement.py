@@ -9,10 +9,11 @@ none of its replicas up the batch is placed on one of them all the same, so that
 requests as it is.
 
 A batch whose target replica is lost (`failures.worker_gone`: the worker is unreachable, or silent past the call's
-deadline) moves (`move`): its rows leave every worker, another replica of the target that is up, the least
-loaded, takes the lost one's place, and the rows join again from their tokens (prompt and generated so
+deadline) moves (`ChainBatch.move`): its rows leave every worker, another replica of the target that is up, the
+least loaded, takes the lost one's place, and the rows join again from their tokens (prompt and generated so
 far), as they do after a worker ran out of memory; the output is the one it would have been. With no other
-replica of the target up, the requests fail UNAVAILABLE as with a single worker.
+replica of the target up, the rows wait for one to answer again (the batcher bounds the wait), or fail
+UNAVAILABLE where the router holds no batch.
 """
 
 from __future__ import annotations
@@ -64,17 +65,18 @@ class Placement:
         up = [w for w in self.replicas.of(model) if w is not besides and self.health.is_up(w)]
         return least_loaded(up, loads, self.rng) if up else None
 
-    def recover(self, batch: ChainBatch, exc: WorkerCallFailed, loads: Loads, named: Sequence[str] = ()
-                ) -> list[Row] | None:
+    def recover(self, batch: ChainBatch, exc: WorkerCallFailed, loads: Loads, named: Sequence[str] = (),
+                hold: bool = False) -> list[Row] | None:
         """After a call of `batch` that failed as a whole (not for some rows alone, not out of memory): the
         rows that must join the batch again from their tokens, or None if the batch cannot go on.
 
-        The failed replica is taken out. The batch moves (`move`) to another replica of the model, up and the
-        least loaded, when it cannot go on without the model: the target (whose replica must be lost, not
-        refusing), or a model its requests `named`; a batch with no rows yet moves at no cost. Otherwise, or
-        with no other replica up, it drops the model: a drafter or intermediate verifier only costs speed,
-        and the batch's other models' states are whole. None: the target failed otherwise, or no other
-        replica of it is up."""
+        The failed replica is taken out. The batch moves (`ChainBatch.move`) to another replica of the model,
+        up and the least loaded, when it cannot go on without the model: the target (whose replica must be
+        lost, not refusing), or a model its requests `named`; a batch with no rows yet moves at no cost.
+        Otherwise, or with no other replica up, it drops the model: a drafter or intermediate verifier only
+        costs speed, and the batch's other models' states are whole. A lost target with no other replica up
+        ends the batch (None), unless it may `hold`: then its rows leave every worker and wait, on the lost
+        replica, for it to answer again (`health` brings it back); None also when the target failed otherwise."""
         model = exc.model
         if isinstance(exc, RowsFailed) or out_of_memory(exc.cause) or model not in batch.workers:
             return None
@@ -83,25 +85,20 @@ class Placement:
         failed = batch.workers[model]
         self.health.mark_down(failed, model, exc.cause)
         spare = self.spare(model, loads, besides=failed)
-        if spare is None or (model != self.target and model not in named and batch.rows):
-            if model == self.target:
+        if spare is None and model == self.target:
+            if not hold:
                 return None
+            rows = batch.move(model, failed)
+            log.warning("the replica of the target %s at %s failed (%s) and no other answers; %d row(s) wait for one "
+                        "to answer, then join again from their tokens", model, self.replicas.address_of(failed),
+                        error_line(exc.cause), len(rows))
+            return rows
+        if spare is None or (model != self.target and model not in named and batch.rows):
             batch.drop_model(model)
             return []
-        rows = move(batch, model, spare)
+        rows = batch.move(model, spare)
         if rows:
             log.warning("the replica of %s at %s failed (%s); %d row(s) move to %s and join again from their tokens",
                         model, self.replicas.address_of(failed), error_line(exc.cause), len(rows),
                         self.replicas.address_of(spare))
         return rows
-
-
-def move(batch: ChainBatch, model: str, replica: Worker) -> list[Row]:
-    """`replica` serves `model` for `batch` from now on, in place of the one that was lost. The rows leave
-    every worker (all but the lost one are told) and are returned: they must join the batch again, from
-    their tokens."""
-    batch.workers.pop(model)
-    try:
-        return batch.remove(list(batch.rows))
-    finally:
-        batch.workers[model] = replica

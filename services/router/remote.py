@@ -14,6 +14,8 @@ from specrouter.worker import protocol
 from specrouter.worker.calls import RowStep, StepResult, VerifyRow
 
 MAX_MESSAGE_BYTES = 256 * 2**20  # the worker enforces its own, smaller limit
+# a worker that restarts is found again within this (gRPC's own reconnect backoff grows to 120 s)
+MAX_RECONNECT_BACKOFF_MS = 2000
 # after each call: (model, method, seconds, status code name)
 CallObserver = Callable[[str, str, float, str], None]
 
@@ -27,7 +29,8 @@ class RemoteWorker:
         resolved to."""
         self.address = address
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS)]
         if tls is not None and server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         self.channel = channel or open_channel(address, tls, options=options)

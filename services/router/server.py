@@ -107,7 +107,7 @@ class Router:
         self.batcher = Batcher(replicas, self.target, self.context_length, self.tokenizer.eos_token_id,
                                self.choose_auto, self.tokenizer.decode, self.reporter.observe, self.cycle_done,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
-                               on_emitted=self.prometheus.tokens.inc)
+                               on_emitted=self.prometheus.tokens.inc, target_wait_s=settings.target_wait_s)
 
     def start(self) -> None:
         self.replicas.start()

@@ -48,6 +48,9 @@ class RouterSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 0                       # 0 picks a free port
     worker_timeout_s: float = 60.0      # per worker RPC; also how long start-up waits for workers
+    # while no replica of the target answers (a worker restarting), requests wait this long for one to come
+    # back, then fail UNAVAILABLE; their own deadlines still apply (0: they fail at once)
+    target_wait_s: float = Field(30.0, ge=0)
     threads: int = Field(0, ge=0)       # server threads; 0: max_in_flight + max_queued + SPARE_THREADS
     grace_s: float = 10.0
     metrics_port: int = Field(0, ge=-1)   # Prometheus /metrics over HTTP on `host`; 0 picks a free port, -1: none

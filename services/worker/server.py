@@ -81,7 +81,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             start = time.perf_counter_ns()
             steps = [protocol.step_from_pb(r) for r in request.rows]
             result = self.compute.call(lambda: self.engine.draft(request.state_id, request.level, request.window, steps,
-                                                                  request.hand_up))
+                                                                  hand_up=request.hand_up))
             self._observe("draft", result.timings)
             return protocol.step_result_to_pb(result, [s.row_id for s in steps], time.perf_counter_ns() - start)
         return _handle(run, context)

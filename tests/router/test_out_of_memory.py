@@ -129,3 +129,16 @@ def test_a_remote_worker_answers_resource_exhausted_and_the_batch_shrinks(pool) 
 def test_out_of_memory_is_told_apart_from_other_failures() -> None:
     assert out_of_memory(torch.OutOfMemoryError("x")) and out_of_memory(MemoryError())
     assert not out_of_memory(ValueError("x")) and not out_of_memory(RuntimeError("CUDA error"))
+
+
+@pytest.mark.parametrize("model", ["s", "t"])
+def test_a_new_group_whose_prefill_runs_out_of_memory_is_halved_not_failed(pool, model) -> None:
+    """Requests that arrive together are prefilled as one group; a worker that cannot prefill more than one
+    row at a time makes the group join a row at a time, and every request finishes as without the fault."""
+    reference = tokens(run(pool, requests(("s", "t"), 3))[0])
+    raised = exhaust(pool[model], "prefill", lambda rows, *args: len(rows) > 1)
+    done, cycles = run(pool, requests(("s", "t"), 3))
+    assert tokens(done) == reference
+    assert raised[0] >= 2                        # 4 rows, then 2, then 1 at a time
+    assert max(rows for _, _, rows in cycles) == 1
+    assert no_states(pool)
