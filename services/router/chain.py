@@ -183,6 +183,10 @@ class ChainBatch:
         self._releasing = [(model, ids, call) for model, call in releases.items()]
         if wait or not self.rows:
             self._settle_releases()
+        if not self.rows:   # nothing to rebuild: a state whose release failed goes as a whole, when it can
+            for model in self._stale:
+                self.orphans.release(self.workers[model], self.state_id)
+            self._stale.clear()
         return gone
 
     def _settle_releases(self) -> None:
