@@ -199,10 +199,10 @@ class Batcher:
         if auto:   # the scheduler's choice, within the chain or the window the requests named
             try:
                 chain, window = self.choose_auto(batch, chain, window)
-            except Exception as exc:  # noqa: BLE001 - a scheduler bug fails this batch's requests alone
-                log.exception("the scheduler failed to choose a chain")
-                self._fail_batch(batch, chain or (self.target,), exc)
-                return
+            except Exception:  # noqa: BLE001 - every chain emits the target's tokens: a scheduler bug costs speed
+                log.exception("the scheduler failed to choose a chain; this cycle runs %s",
+                              "the target alone" if chain is None else ",".join(chain))
+                chain, window = (chain, window or TARGET_ONLY_BLOCK) if chain is not None else ((self.target,), 0)
             if len(chain) == 1:   # the target drafts its own block: one round trip for several tokens
                 window = 0
         choose_ns = time.perf_counter_ns() - started
@@ -214,8 +214,7 @@ class Batcher:
                 report = batch.step(chain, window)
                 for model, accepted in report.accepted.items():
                     span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
-                if self.on_cycle is not None:
-                    self.on_cycle(report, rows)   # measurements are queued inside the cycle's span
+                self._observe("measurements", self.on_cycle, report, rows)   # queued inside the cycle's span
         except StateOutOfLine:   # that worker's state is rebuilt before its next call; the cycle runs again
             return
         except RowsFailed as exc:
@@ -249,13 +248,11 @@ class Batcher:
             emitted = report.emitted[row.row_id]
             handle.events.put(Emitted(emitted))
             handed += len(emitted)
-        if self.on_emitted is not None:
-            self.on_emitted(handed)
+        self._observe("token count", self.on_emitted, handed)
         cycle_ns = time.perf_counter_ns() - started
         for row in rows:
             self._handles[row.row_id].breakdown.observe_cycle(report, cycle_ns, choose_ns)
-        if self.on_cycle_done is not None:
-            self.on_cycle_done(batch, report, rows, cycle_ns, auto)
+        self._observe("cycle's observers", self.on_cycle_done, batch, report, rows, cycle_ns, auto)
         finished = [r.row_id for r in rows if r.finish_reason is not None]
         if finished:
             with request_span("release", [self._handles[r] for r in finished], {"specrouter.rows": len(finished)}):
@@ -263,6 +260,17 @@ class Batcher:
             for row in gone:
                 handle = self._handles.pop(row.row_id)
                 handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))
+
+    @staticmethod
+    def _observe(what: str, observer: Callable | None, *args) -> None:
+        """Calls an observer of a cycle that has emitted: its failure (a bug in measuring) is logged, and the
+        cycle's rows go on; their tokens are handed out already."""
+        if observer is None:
+            return
+        try:
+            observer(*args)
+        except Exception:  # noqa: BLE001 - measuring must never end a request
+            log.exception("the %s failed on a cycle; the batch goes on", what)
 
     def _shrink(self, key: tuple, batch: ChainBatch, chain: tuple[str, ...], window: int,
                 exc: WorkerCallFailed) -> None:

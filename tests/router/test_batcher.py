@@ -54,26 +54,40 @@ def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_poo
     assert sizes[0] == 2, f"the first cycle ran {sizes[0]} row(s); batch sizes by cycle: {sizes}"
 
 
-def test_a_scheduler_that_fails_fails_its_batch_and_the_batcher_goes_on(tiny_pool) -> None:
-    """An exception while choosing a chain ends that batch's requests with the error; the loop lives on and
-    serves the next request (a dead loop would leave every request waiting for ever)."""
+def target_only(pool, prompt, new) -> list[int]:
+    batcher = Batcher(pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window))
+    batcher.start()
+    try:
+        return finish(batcher.submit(GenerationRequest(prompt, SamplingParams(), new, chain=("t",)))).token_ids
+    finally:
+        batcher.stop()
+
+
+def test_a_scheduler_or_an_observer_that_fails_costs_no_request(tiny_pool, caplog) -> None:
+    """An exception while choosing a chain runs that cycle on the target alone; one in an observer of a cycle
+    (measurements, metrics) is logged. Either way the requests finish with the target's tokens, and the loop
+    lives on."""
     calls = [0]
 
     def choose(batch, chain, window):
         calls[0] += 1
-        if calls[0] == 1:
+        if calls[0] % 2:
             raise TypeError("a bug in the scheduler")
         return ("s", "t"), 2
 
-    batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=choose)
+    def observe(*args):
+        raise RuntimeError("a bug in measuring")
+
+    expected = [target_only(tiny_pool, p, 12) for p in ([5, 9, 3], [7, 1])]
+    batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=choose, on_cycle=observe, on_cycle_done=observe,
+                      on_emitted=observe)
     batcher.start()
     try:
-        first = batcher.submit(GenerationRequest([5, 9, 3], SamplingParams(), 6))
-        with pytest.raises(TypeError, match="a bug in the scheduler"):
-            finish(first)
-        second = batcher.submit(GenerationRequest([7, 1], SamplingParams(), 6))
-        assert len(finish(second).token_ids) == 6
+        handles = [batcher.submit(GenerationRequest(p, SamplingParams(), 12)) for p in ([5, 9, 3], [7, 1])]
+        assert [finish(h).token_ids for h in handles] == expected
     finally:
         batcher.stop()
-    assert batcher.running() == 0
-    assert not any(engine.state_ids() for engine in tiny_pool.values()), "the failed batch left states"
+    assert calls[0] > 2
+    assert any("a bug in the scheduler" in r.getMessage() or "scheduler failed" in r.getMessage() for r in caplog.records)
+    assert any("measurements failed" in r.getMessage() for r in caplog.records)
+    assert not any(engine.state_ids() for engine in tiny_pool.values())
