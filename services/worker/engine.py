@@ -46,14 +46,18 @@ def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Ten
     return tokens.to(device), valid.to(device)
 
 
+def _last_columns(valid: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, n]: per right-padded row, the columns of its last `n` valid positions; a row with fewer repeats its
+    first column in front of them."""
+    lengths = valid.sum(1)                                                                  # [B]
+    return (lengths[:, None] - n + torch.arange(n, device=valid.device)[None, :]).clamp(min=0)
+
+
 def _last_argmax(logits: torch.Tensor, valid: torch.Tensor, n: int) -> list[list[int]]:
-    """Per row, the argmax of the logits at its last `n` valid positions (rows are right-padded)."""
-    lengths = valid.sum(1).tolist()
-    out = []
-    for i, length in enumerate(lengths):
-        start = max(0, length - n)
-        out.append(logits[i, start:length].argmax(-1).tolist())
-    return out
+    """Per row, the argmax of the logits at its last `n` valid positions, from logits [B, n, V] at the
+    columns `_last_columns` names."""
+    argmax = logits.argmax(-1).tolist()                                                     # [B, n]
+    return [row[max(0, n - length):] for row, length in zip(argmax, valid.sum(1).tolist())]
 
 
 class WorkerEngine:
@@ -129,7 +133,7 @@ class WorkerEngine:
             timings = []
             guesses: list[list[int]] = [[] for _ in ids]
             if tokens.shape[1]:
-                logits, timing = self.forward(fresh, tokens, valid)
+                logits, timing = self.forward(fresh, tokens, valid, logits_at=_last_columns(valid, predictions))
                 timings.append(timing)
                 if predictions:
                     guesses = _last_argmax(logits, valid, predictions)
@@ -153,11 +157,11 @@ class WorkerEngine:
             state, slots = self._prepare(state_id, rows, extra_tokens=window)
             s = BatchSampling([r.sampling for r in rows], self.forward.device)
             tokens, valid = _pad([r.pending for r in rows], self.forward.device)
-            logits, timing = self._forward(state, slots, tokens, valid)
+            logits, timing = self._forward(state, slots, tokens, valid, logits_at=_last_columns(valid, 1))
             timings = [timing]
             b = len(rows)
             index = torch.arange(b, device=logits.device)
-            last = logits[index, valid.sum(1) - 1]                                        # [B, V]
+            last = logits[:, 0]                                                           # [B, V]
             presence = self._presence(state, slots) if s.any_penalty else None
             greedy = s.all_greedy and presence is None   # the argmax; no rows are made or sent
             if greedy and b == 1 and self.settings.draft_lookahead and window > 1:
@@ -242,12 +246,11 @@ class WorkerEngine:
                 presence0 = self._presence(state, slots)
             blocks = [list(r.pending) + list(r.proposal) for r in rows]
             tokens, valid = _pad(blocks, device)
-            logits, timing = self._forward(state, slots, tokens, valid)                    # [B, T, V]
             starts = torch.tensor([len(r.pending) - 1 for r in rows], device=device)      # [B]
             lengths = torch.tensor([len(r.proposal) for r in rows], device=device)        # [B]
             offsets = torch.arange(k_max + 1, device=device)
             positions = (starts[:, None] + offsets[None, :]).clamp(max=tokens.shape[1] - 1)  # [B, K + 1]
-            p_logits = logits.gather(1, positions[..., None].expand(-1, -1, self.vocab))   # [B, K + 1, V]
+            p_logits, timing = self._forward(state, slots, tokens, valid, logits_at=positions)  # [B, K + 1, V]
             if s.all_greedy and not s.any_penalty:
                 return self._verify_greedy(rows, p_logits, timing)
             presence = None
@@ -334,17 +337,19 @@ class WorkerEngine:
             state.compact()
         return state, [state.slot_index(r) for r in ids]
 
-    def _forward(self, state: MaskedKVState, slots: list[int], tokens: torch.Tensor,
-                 valid: torch.Tensor) -> tuple[torch.Tensor, ForwardTiming]:
+    def _forward(self, state: MaskedKVState, slots: list[int], tokens: torch.Tensor, valid: torch.Tensor,
+                 logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, ForwardTiming]:
         """Runs blocks tokens [B, k] (valid [B, k]) given in the call's order, row b in slot slots[b]; slots
         outside the call (free ones) get an all-hole block, which changes nothing. Returns logits [B, k, V]
-        in the call's order."""
+        in the call's order, or [B, n, V] at the columns `logits_at` [B, n] (`ModelForward`)."""
         if slots == list(range(state.batch_size)):
-            return self.forward(state, tokens, valid)
+            return self.forward(state, tokens, valid, logits_at)
         index = torch.tensor(slots, dtype=torch.long, device=tokens.device)              # [B]
         in_slots = tokens.new_zeros(state.batch_size, tokens.shape[1]).index_copy_(0, index, tokens)   # [S, k]
         valid_in_slots = valid.new_zeros(state.batch_size, valid.shape[1]).index_copy_(0, index, valid)
-        logits, timing = self.forward(state, in_slots, valid_in_slots)                     # [S, k, V]
+        at_slots = None if logits_at is None else \
+            logits_at.new_zeros(state.batch_size, logits_at.shape[1]).index_copy_(0, index, logits_at)  # [S, n]
+        logits, timing = self.forward(state, in_slots, valid_in_slots, at_slots)          # [S, k or n, V]
         return logits[index], timing
 
     def _presence(self, state: MaskedKVState, slots: list[int]) -> torch.Tensor:

@@ -94,13 +94,20 @@ class ModelForward:
         return MaskedKVState.empty(row_ids, self.layers, self.kv_heads, self.head_dim, self.dtype, self.device)
 
     @torch.inference_mode()
-    def __call__(self, state: MaskedKVState, tokens: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, ForwardTiming]:
-        """Appends tokens [B, k] (valid [B, k]) to `state`; returns logits [B, k, vocab] in fp32."""
+    def __call__(self, state: MaskedKVState, tokens: torch.Tensor, valid: torch.Tensor,
+                 logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, ForwardTiming]:
+        """Appends tokens [B, k] (valid [B, k]) to `state`; returns logits [B, k, vocab] in fp32, or only at
+        the block's columns `logits_at` [B, n]: [B, n, vocab]. Asking for the columns a caller reads skips
+        the output head elsewhere (a prefill reads none, or a few), which saves its time and its largest
+        tensor."""
         b, k = tokens.shape
         device = self.device
         tokens, valid = tokens.to(device), valid.to(device)
+        if logits_at is not None:
+            logits_at = logits_at.to(device)
         if k == 0:
-            return torch.zeros(b, 0, self.vocab_size, device=device), ForwardTiming(0, b, 0, 0)
+            n = k if logits_at is None else logits_at.shape[1]
+            return torch.zeros(b, n, self.vocab_size, device=device), ForwardTiming(0, b, 0, 0)
         start = time.perf_counter_ns()
         before = state.valid_lengths()                                  # [B]
         positions = before[:, None] + (valid.long().cumsum(1) - 1).clamp(min=0)  # [B, k] logical
@@ -110,11 +117,13 @@ class ModelForward:
         layers = [RoomLayer(kr, vr, state.length) for kr, vr in zip(key_room, value_room)]
         ids = torch.where(valid, tokens, PAD_TOKEN_ID)
         if self.lean is not None:
-            logits = self.lean(ids, positions, mask4, layers).float()
+            logits = self.lean(ids, positions, mask4, layers, logits_at).float()
         else:
             out = self.model(input_ids=ids, attention_mask=mask4, position_ids=positions, use_cache=True,
                              **{self._cache_kwarg: Cache(layers=layers)})
             logits = out.logits.float()
+            if logits_at is not None:
+                logits = logits.gather(1, logits_at[..., None].expand(-1, -1, logits.shape[-1]))
         state.append([layer.key_room for layer in layers], [layer.value_room for layer in layers], tokens, valid)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -127,8 +127,9 @@ class LlamaForward:
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                 caches: Sequence) -> torch.Tensor:
-        """input_ids, position_ids [B, k]; mask [B, 1, k, L + k] additive; returns logits [B, k, vocab]."""
+                 caches: Sequence, logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, position_ids [B, k]; mask [B, 1, k, L + k] additive; returns logits [B, k, vocab], or
+        [B, n, vocab] at the block's columns `logits_at` [B, n] (the output head runs on those alone)."""
         b, k = input_ids.shape
         x = F.embedding(input_ids, self.embed)                                      # [B, k, hidden]
         freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
@@ -154,5 +155,7 @@ class LlamaForward:
             x = x + w.o(attn)
             h = _rms_norm(x, w.mlp_norm, w.mlp_eps)
             x = x + w.down(F.silu(w.gate(h)) * w.up(h))
+        if logits_at is not None:
+            x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))          # [B, n, hidden]
         x = _rms_norm(x, self.norm, self.norm_eps)
         return self.lm_head(x)
