@@ -70,7 +70,7 @@ def cluster(tmp_path, shared_redis):
         workers += [p.address for name, p in procs.items() if name not in ("profiler", f"{TARGET}-0")]
         router_args = ("--workers", ",".join(workers), "--tokenizer-dir", str(DEMO_POOL / TARGET), "--target", TARGET,
                        "--profiler", procs["profiler"].address, "--pool-dir", str(DEMO_POOL), "--port", "0",
-                       "--workers-resolve-s", "1")
+                       "--workers-resolve-s", "1", "--target-wait-s", "3")
         procs |= start_all({name: lambda name=name: ServiceProcess("specrouter.router", *router_args, log_dir=logs,
                                                                    name=name)
                             for name in ("router-a", "router-b")})
@@ -183,7 +183,8 @@ def test_two_routers_over_two_replicas_lose_no_request_when_replicas_are_killed(
     assert all(served.values()) and sum(served.values()) == REQUESTS + 1, served
     assert moved, "no router moved a batch off the killed target replica"
 
-    # the target's last replica killed: requests fail UNAVAILABLE, naming it
+    # the target's last replica killed: once no replica has answered for --target-wait-s, requests fail
+    # UNAVAILABLE, naming it
     last = next(n for n in cluster if n.startswith(f"{TARGET}-") and n != killed_target)
     os.kill(cluster[last].proc.pid, signal.SIGKILL)
     cluster[last].proc.wait(30)
@@ -191,7 +192,7 @@ def test_two_routers_over_two_replicas_lose_no_request_when_replicas_are_killed(
         for _ in range(2):   # one call on each router
             with pytest.raises(UnavailableError) as err:
                 client.generate(prompts[0], max_new_tokens=4)
-            assert f"the worker of {TARGET} is unavailable" in err.value.message, err.value.message
+            assert f"no replica of the target {TARGET} has answered for" in err.value.message, err.value.message
 
 
 def test_a_router_over_replicas_that_disagree_does_not_start_and_says_which(tmp_path) -> None:
