@@ -10,7 +10,8 @@ from specrouter.profiler.metrics import AcceptanceSample, ForwardSample, Mode, S
 from specrouter.profiler.resilient import SnapshotView
 from specrouter.v1 import profiler_pb2 as pb
 
-_MODE_FROM_PB = {pb.DECODING_MODE_GREEDY: Mode.GREEDY, pb.DECODING_MODE_SAMPLING: Mode.SAMPLING}
+_MODE_FROM_PB = {pb.DECODING_MODE_GREEDY: Mode.GREEDY, pb.DECODING_MODE_SAMPLING: Mode.SAMPLING,
+                 pb.DECODING_MODE_COUPLED: Mode.COUPLED}
 _MODE_TO_PB = {mode: value for value, mode in _MODE_FROM_PB.items()}
 
 M = TypeVar("M")
@@ -18,7 +19,8 @@ M = TypeVar("M")
 
 def _mode(value: int) -> Mode:
     if value not in _MODE_FROM_PB:
-        raise InvalidMeasurement(f"mode must be DECODING_MODE_GREEDY or DECODING_MODE_SAMPLING, got {value}")
+        raise InvalidMeasurement(f"mode must be DECODING_MODE_GREEDY, DECODING_MODE_SAMPLING or DECODING_MODE_COUPLED, "
+                                 f"got {value}")
     return _MODE_FROM_PB[value]
 
 

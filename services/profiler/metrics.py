@@ -49,7 +49,8 @@ FAMILIES = (FORWARD, ACCEPTANCE, SIMILARITY)
 
 class Mode(enum.Enum):
     GREEDY = "greedy"
-    SAMPLING = "sampling"
+    SAMPLING = "sampling"   # speculative sampling, the rows each token was drawn from handed up
+    COUPLED = "coupled"     # coupled sampling: picks under shared noise, checked by equality
 
 
 EXACT_UP_TO = 16

@@ -15,6 +15,7 @@ from opentelemetry import context as otel_context
 from specrouter.tls import ClientTLS, channel
 from specrouter.profiler.metrics import AcceptanceRate, ForwardLatency, Mode, Similarity
 from specrouter.router.chain import CycleReport, Row
+from specrouter.router.scheduling.candidates import mode_of
 from specrouter.router.scheduling.snapshot import Snapshot
 from specrouter.v1 import profiler_pb2 as pb
 from specrouter.v1 import profiler_pb2_grpc
@@ -27,17 +28,17 @@ QUEUE_LIMIT = 1024  # cycles waiting to be reported; beyond it the oldest measur
 REPORT_PERIOD_S = 0.2
 
 
-def acceptance_counts(report: CycleReport, rows: Sequence[Row]) -> dict[tuple[str, str, bool, int], list[int]]:
-    """Per (drafter, verifier, greedy, draft position): [accepted, proposed] over the cycle's rows, each row's
+def acceptance_counts(report: CycleReport, rows: Sequence[Row]) -> dict[tuple[str, str, Mode, int], list[int]]:
+    """Per (drafter, verifier, mode, draft position): [accepted, proposed] over the cycle's rows, each row's
     proposal tested up to its first rejection (so accepted / proposed at a position is the chance that a
     token there is accepted once every token before it was)."""
     chain = report.chain
-    counts: dict[tuple[str, str, bool, int], list[int]] = defaultdict(lambda: [0, 0])
+    counts: dict[tuple[str, str, Mode, int], list[int]] = defaultdict(lambda: [0, 0])
     for level in range(1, len(chain)):
         drafter, verifier = chain[level - 1], chain[level]
         for row, accepted, proposed in zip(rows, report.accepted[verifier], report.proposed[verifier]):
             for position in range(min(accepted + 1, proposed)):
-                c = counts[(drafter, verifier, row.sampling.greedy, position)]
+                c = counts[(drafter, verifier, mode_of(row), position)]
                 c[0] += position < accepted
                 c[1] += 1
     return counts
@@ -53,9 +54,8 @@ def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportReq
                 request.forward.add(model=model, batch_size=t.batch_size, tokens_per_row=t.tokens_per_row,
                                     forward_ns=t.forward_ns)
     chain = report.chain
-    for (drafter, verifier, greedy, position), (acc, prop) in acceptance_counts(report, rows).items():
-        mode = pb.DECODING_MODE_GREEDY if greedy else pb.DECODING_MODE_SAMPLING
-        request.acceptance.add(drafter=drafter, verifier=verifier, mode=mode, position=position,
+    for (drafter, verifier, mode, position), (acc, prop) in acceptance_counts(report, rows).items():
+        request.acceptance.add(drafter=drafter, verifier=verifier, mode=_MODES_TO_PB[mode], position=position,
                                accepted=acc, proposed=prop)
     similar: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0])
     for level in range(1, len(chain)):
@@ -63,8 +63,7 @@ def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportReq
         sums = report.results[verifier].similarity
         for row, total, proposed in zip(rows, sums, report.proposed[verifier]):
             if proposed:
-                mode = pb.DECODING_MODE_GREEDY if row.sampling.greedy else pb.DECODING_MODE_SAMPLING
-                s = similar[(drafter, verifier, mode)]
+                s = similar[(drafter, verifier, _MODES_TO_PB[mode_of(row)])]
                 s[0] += total
                 s[1] += proposed
     for (drafter, verifier, mode), (total, positions) in similar.items():
@@ -133,7 +132,9 @@ class Reporter:
             self._thread.join(5)
 
 
-_MODES = {pb.DECODING_MODE_GREEDY: Mode.GREEDY, pb.DECODING_MODE_SAMPLING: Mode.SAMPLING}
+_MODES = {pb.DECODING_MODE_GREEDY: Mode.GREEDY, pb.DECODING_MODE_SAMPLING: Mode.SAMPLING,
+          pb.DECODING_MODE_COUPLED: Mode.COUPLED}
+_MODES_TO_PB = {mode: value for value, mode in _MODES.items()}
 
 
 def snapshot_from_pb(reply: pb.SnapshotResponse) -> Snapshot:

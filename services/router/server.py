@@ -143,7 +143,7 @@ class Router:
         sampling = SamplingParams(temperature=m.temperature, top_k=m.top_k,
                                   top_p=m.top_p if m.HasField("top_p") else 1.0,
                                   repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty") else 1.0,
-                                  seed=seed)
+                                  seed=seed, coupled=m.HasField("seed") or self.settings.couple_unseeded)
         self.limits.check_prompt_bytes(len(m.prompt.encode("utf-8")))
         prompt_ids = self.tokenizer(m.prompt, add_special_tokens=False)["input_ids"] if m.prompt else []
         max_new = m.max_new_tokens if m.HasField("max_new_tokens") else self.settings.default_max_new_tokens

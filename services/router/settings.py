@@ -37,6 +37,9 @@ class RouterSettings(BaseSettings):
     # the scheduler's knobs: --scheduler '{"hysteresis": 0.05}' or SPECROUTER_ROUTER_SCHEDULER__HYSTERESIS=0.05
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     default_max_new_tokens: int = Field(64, ge=1)
+    # a request with a seed samples coupled (its text depends on the prompt, the seed and the target alone,
+    # whatever the chain); one without samples coupled too when this is on, else by speculative sampling
+    couple_unseeded: bool = False
     # admission: a request over one of the first three is refused (INVALID_ARGUMENT); one that finds
     # max_in_flight requests generating waits in a line of max_queued, and beyond it is refused
     # (RESOURCE_EXHAUSTED). Unary calls and streams count alike.

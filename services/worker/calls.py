@@ -41,6 +41,10 @@ class SamplingParams:
     top_p: float = 1.0                       # 1 means off
     repetition_penalty: float = 1.0          # 1 means off
     seed: int = 0
+    # coupled sampling (sampling.py): a token is argmax(log p + Gumbel noise of (seed, position)) at every
+    # level, and a level accepts a proposed token iff its own pick equals it; the text then depends on the
+    # prompt, the seed and the target alone. Off: speculative sampling with the rows each token came from.
+    coupled: bool = False
 
     @property
     def greedy(self) -> bool:

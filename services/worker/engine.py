@@ -23,7 +23,8 @@ from specrouter.worker import rows as wire
 from specrouter.worker.calls import (ContextLengthError, ForwardTiming, RowError, RowStateError, RowStep, StateError,
                                      StepResult, UnknownStateError, VerifyRow)
 from specrouter.worker.forward import ModelForward
-from specrouter.worker.sampling import BatchSampling, next_token_probs, row_uniforms, sample, token_presence
+from specrouter.worker.sampling import (BatchSampling, coupled_pick, next_token_probs, position_key, row_uniforms,
+                                       sample, token_presence)
 from specrouter.worker.state import MaskedKVState
 from specrouter.worker.verify import proposal_similarity, verify_greedy, verify_proposal
 
@@ -58,6 +59,17 @@ def _last_argmax(logits: torch.Tensor, valid: torch.Tensor, n: int) -> list[list
     columns `_last_columns` names."""
     argmax = logits.argmax(-1).tolist()                                                     # [B, n]
     return [row[max(0, n - length):] for row, length in zip(argmax, valid.sum(1).tolist())]
+
+
+def _with_coupled_picks(tokens: torch.Tensor, probs: torch.Tensor, s: BatchSampling, rows: Sequence[RowStep],
+                        positions: torch.Tensor) -> torch.Tensor:
+    """`tokens` [B, T] with the rows that sample coupled replaced by their coupled picks from probs [B, T, V]
+    at absolute positions [B, T] (`sampling.coupled_pick`)."""
+    index = [i for i, c in enumerate(s.coupled) if c]
+    keys = [position_key(rows[i].sampling.seed, t) for i in index for t in positions[i].tolist()]
+    out = tokens.clone()
+    out[index] = coupled_pick(probs[index].flatten(0, 1), keys).view(len(index), -1).to(out.device)
+    return out
 
 
 class WorkerEngine:
@@ -168,16 +180,21 @@ class WorkerEngine:
                 return self._draft_looking_ahead(state, slots[0], window, last[0], timings)
             if not greedy:
                 u = torch.stack([row_uniforms(r.sampling.seed, r.cycle, level, window) for r in rows])  # [B, W]
+                base = self._lengths(state, slots)      # [B] absolute position of each row's first drafted token
             drafted, drafted_rows = [], []
             for i in range(window):
                 if greedy:
                     x = last.argmax(-1)                                                    # [B]
-                elif hand_up:
-                    rows_fp16 = wire.to_wire(next_token_probs(last, s, presence))         # [B, V]
-                    x = sample(wire.as_probs(rows_fp16), u[:, i])                         # [B]
-                    drafted_rows.append(rows_fp16)
                 else:
-                    x = sample(next_token_probs(last, s, presence), u[:, i])              # [B]
+                    probs = next_token_probs(last, s, presence)                           # [B, V] fp32
+                    if hand_up:
+                        rows_fp16 = wire.to_wire(probs)                                   # [B, V]
+                        x = sample(wire.as_probs(rows_fp16), u[:, i])                     # [B]
+                        drafted_rows.append(rows_fp16)
+                    else:
+                        x = sample(probs, u[:, i])                                        # [B]
+                    if s.any_coupled:   # picked from fp32: a coupled proposal is checked by equality, no rows
+                        x = _with_coupled_picks(x[:, None], probs[:, None], s, rows, base[:, None] + i)[:, 0]
                 drafted.append(x)
                 if presence is not None:
                     presence[index, x] = True
@@ -192,7 +209,8 @@ class WorkerEngine:
             out_rows = torch.stack(drafted_rows, 1)                                       # [B, W, V]
             return StepResult(
                 tokens=out_tokens,
-                rows=[None if r.sampling.greedy else out_rows[i] for i, r in enumerate(rows)],
+                rows=[None if r.sampling.greedy or coupled else out_rows[i]
+                      for i, (r, coupled) in enumerate(zip(rows, s.coupled))],
                 timings=timings,
             )
 
@@ -246,6 +264,8 @@ class WorkerEngine:
                 presence0 = self._presence(state, slots)
             blocks = [list(r.pending) + list(r.proposal) for r in rows]
             tokens, valid = _pad(blocks, device)
+            if s.any_coupled:   # absolute position of the token after each row's pending ones
+                first = self._lengths(state, slots) + torch.tensor([len(r.pending) for r in rows], device=device)
             starts = torch.tensor([len(r.pending) - 1 for r in rows], device=device)      # [B]
             lengths = torch.tensor([len(r.proposal) for r in rows], device=device)        # [B]
             offsets = torch.arange(k_max + 1, device=device)
@@ -263,10 +283,18 @@ class WorkerEngine:
                 presence = (presence0[:, None, :] | (counts > 0)).flatten(0, 1)            # [B * (K + 1), V]
             row_index = torch.arange(b, device=device).repeat_interleave(k_max + 1)
             p = next_token_probs(p_logits.flatten(0, 1), s.rows(row_index), presence).view(b, k_max + 1, self.vocab)
+            picks = p.argmax(-1)   # [B, K + 1]: the greedy rows' tokens (their rows are one-hot)
+            if s.any_coupled:   # this level's own picks, from fp32, at each proposal position and one more
+                picks = _with_coupled_picks(picks, p, s, rows, first[:, None] + offsets[None, :])
+            if all(r.sampling.greedy or coupled for r, coupled in zip(rows, s.coupled)):
+                return self._verify_picks(rows, picks, timing)   # each row accepts iff its pick is the token
             p_wire = None
             if hand_up:
                 p_wire = wire.to_wire(p)
                 p = wire.as_probs(p_wire)
+            if s.any_coupled:   # a coupled row's p is the point mass on its pick: accepted iff equal
+                coupled = torch.tensor(s.coupled, device=device)
+                p = torch.where(coupled[:, None, None], wire.one_hot_rows(picks, self.vocab), p)
             proposal, _ = _pad([r.proposal for r in rows], device)
             q = torch.zeros(b, k_max, self.vocab, device=device)
             for i, r in enumerate(rows):
@@ -284,17 +312,23 @@ class WorkerEngine:
             accepted = verdict.accepted.tolist()
             nxt = verdict.next_token.tolist()
             out_tokens = [list(r.proposal[:a]) + [y] for r, a, y in zip(rows, accepted, nxt)]
-            out_rows = [p_wire[i, : a + 1] if p_wire is not None and not r.sampling.greedy else None
-                        for i, (r, a) in enumerate(zip(rows, accepted))]
+            out_rows = [p_wire[i, : a + 1] if p_wire is not None and not r.sampling.greedy and not coupled else None
+                        for i, (r, a, coupled) in enumerate(zip(rows, accepted, s.coupled))]
             return StepResult(tokens=out_tokens, rows=out_rows, accepted=accepted, similarity=similarity,
                               timings=[timing])
 
     def _verify_greedy(self, rows: Sequence[VerifyRow], p_logits: torch.Tensor, timing: ForwardTiming) -> StepResult:
         """`verify` for a batch whose rows are all greedy with no penalty: argmaxes, no distribution rows."""
-        device = p_logits.device
+        return self._verify_picks(rows, p_logits.argmax(-1), timing)                      # p_logits [B, K + 1, V]
+
+    @staticmethod
+    def _verify_picks(rows: Sequence[VerifyRow], picks: torch.Tensor, timing: ForwardTiming) -> StepResult:
+        """`verify` for a batch whose rows each pick their tokens (greedy, or coupled sampling): a proposed
+        token is accepted iff it is this level's pick at its position, picks [B, K + 1]; no rows are sent."""
+        device = picks.device
         proposal, _ = _pad([r.proposal for r in rows], device)                           # [B, K]
         lengths = torch.tensor([len(r.proposal) for r in rows], device=device)           # [B]
-        verdict, similarity = verify_greedy(proposal, lengths, p_logits.argmax(-1))      # p_logits [B, K + 1, V]
+        verdict, similarity = verify_greedy(proposal, lengths, picks)
         accepted = verdict.accepted.tolist()
         out_tokens = [list(r.proposal[:a]) + [y] for r, a, y in zip(rows, accepted, verdict.next_token.tolist())]
         return StepResult(tokens=out_tokens, rows=[None] * len(rows), accepted=accepted,
@@ -351,6 +385,11 @@ class WorkerEngine:
             logits_at.new_zeros(state.batch_size, logits_at.shape[1]).index_copy_(0, index, logits_at)  # [S, n]
         logits, timing = self.forward(state, in_slots, valid_in_slots, at_slots)          # [S, k or n, V]
         return logits[index], timing
+
+    @staticmethod
+    def _lengths(state: MaskedKVState, slots: list[int]) -> torch.Tensor:
+        """[B] valid entries of each row, in the call's order: the absolute position of its next token."""
+        return state.valid_lengths()[torch.tensor(slots, dtype=torch.long, device=state.mask.device)]
 
     def _presence(self, state: MaskedKVState, slots: list[int]) -> torch.Tensor:
         """[B, vocab] bool, in the call's order: the token ids each row holds."""

@@ -20,12 +20,12 @@ from specrouter.worker.calls import (ContextLengthError, ForwardTiming, RowStep,
 
 def sampling_to_pb(s: SamplingParams) -> pb.Sampling:
     return pb.Sampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                       repetition_penalty=s.repetition_penalty, seed=s.seed)
+                       repetition_penalty=s.repetition_penalty, seed=s.seed, coupled=s.coupled)
 
 
 def sampling_from_pb(m: pb.Sampling) -> SamplingParams:
     params = SamplingParams(temperature=m.temperature, top_k=m.top_k, top_p=m.top_p,
-                            repetition_penalty=m.repetition_penalty, seed=m.seed)
+                            repetition_penalty=m.repetition_penalty, seed=m.seed, coupled=m.coupled)
     params.validate()
     return params
 

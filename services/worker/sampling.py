@@ -9,6 +9,14 @@ Randomness comes from counter-based streams: the uniforms of a row are a functio
 cycle, level) only, so a row's output does not depend on which other rows share its batch. The three are
 hashed into a 64-bit stream key, and the key, all 64 bits of it, into the uniforms (a seeded torch CPU
 generator would keep only the key's low 32 bits, so that streams of one long request could repeat).
+
+Coupled sampling (Daliri, Musco and Suresh 2024, arXiv 2408.07978) draws the token at absolute position t
+of a row as argmax_v(log p(v) + g_t[v]), with standard Gumbel noise g_t that is a function of (seed, t)
+alone (`coupled_pick`, from `exponential_noise`). That is an exact draw from p (the Gumbel-max trick); and
+every level of a chain, using the same noise, picks the same token wherever its distribution is close to
+the others', so a level accepts a proposed token iff its own pick equals it. The target's picks, and with
+them the text, depend on the prompt, the seed and the target alone: not on the chain, the window, the
+batch or the replica.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ class BatchSampling:
 
     def __init__(self, params: Sequence[SamplingParams], device: torch.device):
         self.params = list(params)
+        self.coupled = [p.coupled and not p.greedy for p in params]                                      # [B]
+        self.any_coupled = any(self.coupled)
         f32 = dict(dtype=torch.float32, device=device)
         self.greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool, device=device)          # [B]
         self.temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], **f32)  # [B]
@@ -44,6 +54,8 @@ class BatchSampling:
         for name in ("greedy", "temperature", "top_k", "top_p", "penalty"):
             setattr(out, name, getattr(self, name)[index])
         out.any_penalty, out.all_greedy = self.any_penalty, self.all_greedy
+        out.coupled = [self.coupled[i] for i in index.tolist()]
+        out.any_coupled = any(out.coupled)
         return out
 
 
@@ -114,3 +126,53 @@ def key_uniforms(key: int, count: int) -> torch.Tensor:
 def row_uniforms(seed: int, cycle: int, level: int, count: int) -> torch.Tensor:
     """`count` uniforms in [0, 1) that depend only on (seed, cycle, level): [count] on the CPU."""
     return key_uniforms(stream_key(seed, cycle, level), count)
+
+
+# -- coupled sampling ---------------------------------------------------------------------------------
+
+# float32 holds (k + 1/2) / 2**23 exactly for every k < 2**23, so u < 1 and the noise -log(u) is never 0 (with
+# 24 bits the largest u would round to 1: noise 0, and 0 / 0 would pick a token of probability 0)
+NOISE_BITS = 23
+_GOLDEN32 = np.uint32(0x9E3779B1)   # spreads consecutive vocabulary ids over the 32-bit words before mixing
+COUPLED_DOMAIN = b"coupled-noise"   # blake2b's personalisation: the noise's keys differ from the streams' keys
+_spread_ids: dict[int, np.ndarray] = {}   # vocabulary size -> its ids times _GOLDEN32, [V] uint32
+
+
+def _fmix32(x: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finaliser, in place on uint32 words: every input bit reaches every output bit."""
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x85EBCA6B)
+    x ^= x >> np.uint32(13)
+    x *= np.uint32(0xC2B2AE35)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def position_key(seed: int, position: int) -> int:
+    """The 64-bit key of the noise at absolute position `position` of a row of a request seeded `seed`."""
+    digest = hashlib.blake2b(struct.pack("<qQ", seed, position), digest_size=KEY_BYTES, person=COUPLED_DOMAIN)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def exponential_noise(keys: Sequence[int], vocab: int) -> np.ndarray:
+    """[N, vocab] float32 standard exponential noise, row i a function of keys[i] alone (`position_key`): the
+    same on every level, device and batch. Each entry hashes (key, vocabulary id) to a 32-bit word whose top
+    NOISE_BITS bits k make a uniform u = (k + 1/2) / 2**NOISE_BITS, and is -log(u) > 0."""
+    ids = _spread_ids.get(vocab)
+    if ids is None:
+        ids = _spread_ids[vocab] = np.arange(vocab, dtype=np.uint32) * _GOLDEN32
+    k = np.array(keys, dtype=np.uint64)
+    lo = (k & np.uint64(0xFFFFFFFF)).astype(np.uint32)[:, None]                                       # [N, 1]
+    hi = (k >> np.uint64(32)).astype(np.uint32)[:, None]                                               # [N, 1]
+    h = _fmix32(_fmix32(ids[None, :] ^ lo) ^ hi)                                                       # [N, V]
+    u = ((h >> np.uint32(32 - NOISE_BITS)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -NOISE_BITS)
+    return -np.log(u)
+
+
+def coupled_pick(probs: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
+    """Tokens [N]: argmax_v(probs[i, v] / E_i[v]) for probs [N, vocab] and the exponential noise E_i of
+    keys[i], which is argmax_v(log probs[i, v] + g_i[v]) with Gumbel noise g = -log E (the Gumbel-max trick,
+    as an exponential race): an exact draw from each row of probs. Rows with the same key pick the same
+    token wherever their distributions favour it alike; tokens of probability 0 are never picked."""
+    noise = torch.from_numpy(exponential_noise(keys, probs.shape[-1])).to(probs.device)               # [N, V]
+    return (probs.float() / noise).argmax(-1)

@@ -115,7 +115,7 @@ def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k
 
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=1.0 if top_p is None else top_p,
                             repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
-                            seed=seed or 0)
+                            seed=seed or 0, coupled=seed is not None)
     try:
         params.validate()
         pool_dir = PoolDir.open(pool or default_pool())

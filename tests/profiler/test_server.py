@@ -29,7 +29,7 @@ BAD_REPORTS = {
     "no proposals": (pb.ReportRequest(acceptance=[acceptance(0, 0)]),
                      ["acceptance[0]", "proposed must be >= 1"]),
     "unset mode": (pb.ReportRequest(acceptance=[acceptance(1, 2, mode=pb.DECODING_MODE_UNSPECIFIED)]),
-                   ["acceptance[0]", "DECODING_MODE_GREEDY or DECODING_MODE_SAMPLING"]),
+                   ["acceptance[0]", "DECODING_MODE_GREEDY, DECODING_MODE_SAMPLING or DECODING_MODE_COUPLED"]),
     "similarity out of range": (pb.ReportRequest(similarity=[similarity(1.5)]),
                                 ["similarity[0]", "[0.0, 1.0]", "got 1.5"]),
     "pair of one model": (pb.ReportRequest(similarity=[similarity(0.5, drafter="t", verifier="t")]),

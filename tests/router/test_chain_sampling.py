@@ -93,3 +93,40 @@ def test_drafter_distribution_differs_from_the_target(engines) -> None:
     target = exact_joint(engines["t"].forward.model, params)
     drafter = exact_joint(engines["s"].forward.model, params)
     assert 0.5 * (target - drafter).abs().sum() > 0.2
+
+
+# -- coupled sampling: the same statistics, and the same tokens whatever the chain ----------------------
+
+COUPLED = [dataclasses.replace(p, coupled=True) for p in PARAMS]
+
+
+@pytest.mark.parametrize("params", COUPLED, ids=["plain", "processors"])
+def test_coupled_sampling_through_a_three_level_chain_matches_the_target(engines, params) -> None:
+    expected = exact_joint(engines["t"].forward.model, params)
+    counts = sample_chain(engines, ("s", "m", "t"), window=2, params=params)
+    assert chi_square_p_value(counts, expected) > P_THRESHOLD
+
+
+def test_the_coupled_test_fails_at_a_wrong_temperature(engines) -> None:
+    """Power control: the chain sampled at temperature 1.3 is told apart from the target at 1.0."""
+    expected = exact_joint(engines["t"].forward.model, COUPLED[0])
+    counts = sample_chain(engines, ("s", "m", "t"), window=2, params=dataclasses.replace(COUPLED[0], temperature=1.3))
+    assert chi_square_p_value(counts, expected) < P_THRESHOLD
+
+
+@pytest.mark.parametrize("params", COUPLED, ids=["plain", "processors"])
+def test_a_coupled_seed_gives_the_same_tokens_under_every_chain_and_window(engines, params) -> None:
+    """Seeds past 2**32 included: 64 rows, 8 new tokens each, one batch per configuration."""
+    def tokens(chain, window) -> dict[int, list[int]]:
+        batch = ChainBatch(engines, "t", context_length=256)
+        seeds = [i * 2**40 + 3 * i for i in range(64)]
+        batch.add([Row(f"r{i}", list(PROMPT), len(PROMPT), dataclasses.replace(params, seed=seed), 8)
+                   for i, seed in enumerate(seeds)])
+        done = run_to_completion(batch, lambda _: (chain, window))
+        return {i: done[f"r{i}"].generated for i in range(len(seeds))}
+
+    reference = tokens(("t",), 1)
+    assert len({tuple(t) for t in reference.values()}) > 16   # the seeds make different texts
+    for chain, window in [(("t",), 0), (("t",), 3), (("s", "t"), 1), (("s", "t"), 4), (("m", "t"), 2),
+                          (("s", "m", "t"), 3), (("s", "m", "t"), 6)]:
+        assert tokens(chain, window) == reference, (chain, window)

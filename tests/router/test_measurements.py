@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from specrouter.profiler.memory_store import MemoryStore
 from specrouter.profiler.server import create_server
 from specrouter.profiler.settings import ProfilerSettings
@@ -47,6 +49,24 @@ def test_cycle_measurements_count_tested_and_accepted_positions(tiny_pool) -> No
         assert m.positions == report.proposed[v][index]
         assert abs(m.similarity - report.results[v].similarity[index] / m.positions) < 1e-9
         assert 0.0 <= m.similarity <= 1.0
+
+
+def test_coupled_rows_are_measured_in_their_own_mode(tiny_pool) -> None:
+    """A coupled row's acceptance and similarity (how often the two levels' picks agree) are reported as
+    DECODING_MODE_COUPLED, apart from speculative sampling's."""
+    batch = ChainBatch(tiny_pool, "t", 256)
+    batch.add([Row("a", [1, 2, 3], 3, SamplingParams(temperature=1.0, seed=5, coupled=True), 12),
+               Row("b", [4, 5], 2, SamplingParams(temperature=1.0, seed=6), 12)])
+    reports, rows = [], []
+    run_to_completion(batch, lambda _: (("s", "t"), 3),
+                      lambda r: (reports.append(r), rows.append(list(batch.rows.values()))))
+    request = cycle_measurements(reports[0], rows[0])
+    assert {a.mode for a in request.acceptance} == {pb.DECODING_MODE_COUPLED, pb.DECODING_MODE_SAMPLING}
+    sims = {m.mode: m for m in request.similarity}
+    assert set(sims) == {pb.DECODING_MODE_COUPLED, pb.DECODING_MODE_SAMPLING}
+    report = reports[0]   # a coupled row's similarity counts the positions whose picks agree: a whole number
+    assert sims[pb.DECODING_MODE_COUPLED].similarity * report.proposed["t"][0] == pytest.approx(
+        round(report.results["t"].similarity[0]))
 
 
 def test_reports_reach_the_profiler_and_the_snapshot_comes_back(tiny_pool) -> None:

@@ -16,6 +16,7 @@ from specrouter.pool.similarity import PairSimilarity
 from specrouter.profiler.metrics import Mode
 from specrouter.router.chain import TARGET_ONLY_BLOCK, Row
 from specrouter.router.measurements import snapshot_from_pb
+from specrouter.router.scheduling.plans import PlanKey
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, Calibration, RecentReports
 from specrouter.router.scheduling.candidates import candidate_chains, chain_pairs
 from specrouter.router.scheduling.ledger import Tally
@@ -414,7 +415,8 @@ def test_the_planner_remakes_only_the_plans_asked_for_since_they_were_made() -> 
         sched.planner.refresh()
         fresh = sched.plan(2, 0)
         assert fresh is not asked and fresh.predictions[0].chain == ("t",)
-        assert sched.planner.plans[(3, 0, 0, 0, None)] is idle   # not asked for since it was made: left
+        key = PlanKey(greedy=3, sampling=0, coupled=0, common=0, shift=0, pairs=None)
+        assert sched.planner.plans[key] is idle   # not asked for since it was made: left
         assert sched.plan(3, 0) is idle
         sched.planner.refresh()
         assert sched.plan(3, 0) is not idle
@@ -831,7 +833,7 @@ def _planned_after_record(rate: float, record: list[float]):
     for r in batch.rows.values():
         sched.records[r] = Tally(*record)
     sched.choose(batch)
-    (key,) = [k for k in sched.planner.plans if k[3] != 0 and k[0] == 2]   # (the one-row plan is shifted too)
+    (key,) = [k for k in sched.planner.plans if k.shift != 0 and k.greedy == 2]   # (the one-row plan is shifted too)
     return key, sched.planner.plans[key], sched.plan(2, 0)
 
 
@@ -839,7 +841,7 @@ def test_a_batch_shift_up_moves_only_the_pairs_its_rows_ran() -> None:
     """The rows' record is of the standing chain's pairs: a batch beating the prediction on (a, t) is
     planned with (a, t) shifted, while chains of other pairs keep the pool's rates."""
     key, shifted_plan, base = _planned_after_record(0.6, [90.0, 100.0, 60.0, 100.0])
-    assert key[3] > 0 and key[4] == frozenset({("a", "t")})
+    assert key.shift > 0 and key.pairs == frozenset({("a", "t")})
     for p in shifted_plan.predictions:
         if len(p.chain) == 1:
             continue
@@ -853,7 +855,7 @@ def test_a_batch_shift_down_moves_every_pair() -> None:
     """Rows drafting worse than predicted on (a, t) are planned with every pair shifted down, so that no
     chain they never ran gains on the standing one; target-only, with no pair, keeps its cost."""
     key, shifted_plan, base = _planned_after_record(0.7, [30.0, 100.0, 70.0, 100.0])
-    assert key[3] < 0 and key[4] is None
+    assert key.shift < 0 and key.pairs is None
     for p in shifted_plan.predictions:
         before = base.by_key[(p.chain, p.window)]
         if len(p.chain) == 1:
@@ -1045,3 +1047,25 @@ def test_a_lone_rows_drafts_that_look_ahead_price_its_longer_windows_lower() -> 
         was, now = before.by_key[(("a", "t"), window)], after.by_key[(("a", "t"), window)]
         saved = (1 - known[("a", window)]) * (window - 1) * single
         assert was.level_ns[0] - now.level_ns[0] == pytest.approx(saved, rel=1e-6)
+
+
+def test_coupled_rows_are_planned_on_the_coupled_acceptance_of_their_pairs() -> None:
+    """Coupled sampling accepts a token iff two picks agree, not with min(1, p/q): its rates are measured and
+    planned apart. With (a, t) accepting 0.95 coupled and 0.05 under speculative sampling, a coupled row
+    drafts with a, a sampled one decodes with the target alone."""
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    reply = snapshot_pb({})
+    for (d, v) in pairs:
+        for mode, rate in ((ppb.DECODING_MODE_COUPLED, 0.95), (ppb.DECODING_MODE_SAMPLING, 0.05)):
+            for position in range(9):
+                reply.acceptance.add(drafter=d, verifier=v, mode=mode, position=position, ema_acceptance_rate=rate,
+                                     accepted_total=int(rate * 10_000), proposed_total=10_000, samples=100)
+    holder = {"snapshot": snapshot_from_pb(reply)}
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9), lambda: holder["snapshot"],
+                      clock=Clock())
+    coupled, sampled = FakeBatch(1, greedy=False), FakeBatch(1, greedy=False)
+    for r in coupled.rows.values():
+        r.sampling = SamplingParams(temperature=1.0, seed=1, coupled=True)
+    assert sched.choose(coupled)[0] == ("a", "t")
+    assert sched.choose(sampled)[0] == ("t",)
+    assert sched.plan(0, 0, coupled_rows=1).predictions[0].chain == ("a", "t")

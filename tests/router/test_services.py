@@ -240,6 +240,34 @@ def test_a_stop_string_at_the_last_allowed_token_stops_every_chain(client, local
     assert checked >= 3, "too few prompts end in a stop string of their own; pick others"
 
 
+def test_a_seed_pins_the_text_whatever_the_chain_and_the_load(client, prompts) -> None:
+    """A seeded sampled request gives the same token ids under target-only decoding, every static chain at
+    several windows and auto, while other requests come and go around it (seeds past 2**32 included)."""
+    configurations = [("target", 0), ("target", 1), ("stdlib-1m,stdlib-29m", 2), ("stdlib-1m,stdlib-29m", 5),
+                      ("stdlib-5m,stdlib-29m", 3), ("stdlib-1m,stdlib-5m,stdlib-29m", 4), ("auto", 0)]
+    cases = [(prompts[0], 7), (prompts[1], 2**40 + 11), (prompts[2], 2**62 + 5)]
+    stop = threading.Event()
+
+    def load() -> None:   # other clients' requests join and leave the batches all along
+        i = 0
+        while not stop.is_set():
+            client.generate(prompts[3 + i % 3], max_new_tokens=8 + i % 13, temperature=0.9, seed=i)
+            i += 1
+
+    with futures.ThreadPoolExecutor(3) as pool:
+        loaders = [pool.submit(load) for _ in range(3)]
+        try:
+            for prompt, seed in cases:
+                texts = {(chain, window): client.generate(prompt, max_new_tokens=20, temperature=0.8, top_p=0.95,
+                                                          seed=seed, chain=chain, window=window).token_ids
+                         for chain, window in configurations}
+                assert len({tuple(t) for t in texts.values()}) == 1, (seed, texts)
+        finally:
+            stop.set()
+            for f in loaders:
+                f.result()
+
+
 def test_async_client_and_streaming_agree_with_the_blocking_client(cluster, client, prompts) -> None:
     params = dict(max_new_tokens=20, temperature=0.8, seed=9, chain="stdlib-1m,stdlib-29m", window=3)
     expected = client.generate(prompts[3], **params)

@@ -27,7 +27,9 @@ calibration, a least-squares line from similarity to realized acceptance fitted 
 observed in that mode (the identity until one is; its slope shrunk towards 1, so that pairs alike in
 similarity set its level, not its tilt; never falling: flat where the data say it falls).
 The similarity of a pair is the one measured offline for the pool when there is one (it exists for every
-pair, observed or not), else the live one from verification.
+pair, observed or not), else the live one from verification. Coupled sampling has no offline similarity of
+its own: a coupled pair takes its pair's 1 - TV under sampling, and the coupled mode's own calibration maps
+that to the agreement of the coupled picks it realizes.
 """
 
 from __future__ import annotations
@@ -169,7 +171,11 @@ class AcceptanceEstimates:
         self._rates: dict[Pair, list[float]] = {}
 
     def similarity(self, pair: Pair) -> float | None:
-        return self.offline_similarity.get(pair, self.live_similarity.get(pair))
+        drafter, verifier, mode = pair
+        offline = self.offline_similarity.get(pair)
+        if offline is None and mode is Mode.COUPLED:   # the pool's 1 - TV stands for a coupled pair's too: the
+            offline = self.offline_similarity.get((drafter, verifier, Mode.SAMPLING))   # calibration maps it
+        return offline if offline is not None else self.live_similarity.get(pair)
 
     def pair_acceptance(self, pair: Pair) -> float | None:
         """Realized acceptance of an observed pair, over its positions weighted by checks; None if unobserved."""

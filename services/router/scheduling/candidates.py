@@ -26,5 +26,7 @@ def chain_pairs(chain: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def mode_of(row) -> Mode:
-    """A row's decoding mode (its sampling parameters say greedy or not)."""
-    return Mode.GREEDY if row.sampling.greedy else Mode.SAMPLING
+    """A row's decoding mode, from its sampling parameters: greedy, speculative sampling, or coupled."""
+    if row.sampling.greedy:
+        return Mode.GREEDY
+    return Mode.COUPLED if row.sampling.coupled else Mode.SAMPLING

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from specrouter.profiler.metrics import Mode, bucket
 from specrouter.router.chain import TARGET_ONLY_BLOCK
@@ -34,8 +35,16 @@ from specrouter.router.scheduling.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
-# (greedy rows, sampling rows, prompt shift of every pair, record shift, pairs it shifts (None: every pair))
-PlanKey = tuple[int, int, int, int, "frozenset[tuple[str, str]] | None"]
+class PlanKey(NamedTuple):
+    """What a plan is made for: the batch's rows of each decoding mode (`composition`), the prompt shift of
+    every pair, and the record shift of `pairs` (None: every pair)."""
+
+    greedy: int
+    sampling: int
+    coupled: int
+    common: int
+    shift: int
+    pairs: frozenset[tuple[str, str]] | None
 
 
 @dataclass
@@ -60,9 +69,9 @@ class Inputs:
     latency: LatencyTable
 
 
-def composition(greedy_rows: int, sampling_rows: int) -> tuple[int, int]:
+def composition(greedy_rows: int, sampling_rows: int, coupled_rows: int = 0) -> tuple[int, int, int]:
     """Batch compositions planned alike: the profiler's buckets (exact up to 16, then powers of two)."""
-    return (bucket(greedy_rows) if greedy_rows else 0), (bucket(sampling_rows) if sampling_rows else 0)
+    return tuple(bucket(n) if n else 0 for n in (greedy_rows, sampling_rows, coupled_rows))
 
 
 def lower_priority(nice: int) -> None:
@@ -158,7 +167,7 @@ class Planner:
             if plan is not None and used_at <= plan.made_at:
                 continue
             if plan is None or self._stale(plan):
-                fresh = self.make(*key, pause=True)
+                fresh = self.make(*key, pause=True)   # PlanKey's fields are make's first arguments
                 with self._lock:
                     self.plans[key] = fresh
 
@@ -190,13 +199,13 @@ class Planner:
         return plan.version == self._version
 
     def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
-             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0) -> Plan:
+             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0, coupled_rows: int = 0) -> Plan:
         """The ranking for a batch composition (with the acceptance of every pair shifted by `common` steps,
         and of `pairs`, every pair if None, by `shift` more): the standing plan, made now if there is none
         (or it is stale and no planner thread runs, or too old to serve: `_servable`). A shift the planner
         thread has not planned yet (or whose plan is too old) is left to it; the nearest servable planned
         shift serves meanwhile, and with none the plan is made now."""
-        key: PlanKey = (*composition(greedy_rows, sampling_rows), common, shift, pairs if shift else None)
+        key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None)
         now = self._wanted[key] = self._clock()
         plan = self.plans.get(key)
         planner_running = self.thread is not None and self.thread.is_alive()
@@ -204,16 +213,16 @@ class Planner:
             plan = None
         if plan is None and (shift or common) and planner_running:
             near = [k for k, p in self.plans.items()
-                    if k[:2] == key[:2] and k[4] in (key[4], None) and self._servable(p, now)]
+                    if k[:3] == key[:3] and k.pairs in (key.pairs, None) and self._servable(p, now)]
             if near:
                 self.counts["stand_ins"] += 1
                 self._wake.set()
-                return self.plans[min(near, key=lambda k: abs(k[2] - common) + abs(k[3] - shift))]
+                return self.plans[min(near, key=lambda k: abs(k.common - common) + abs(k.shift - shift))]
         if plan is None or (not planner_running and self._stale(plan)):
             plan = self.plans[key] = self.make(*key)
         return plan
 
-    def make(self, greedy_rows: int, sampling_rows: int, common: int = 0, shift: int = 0,
+    def make(self, greedy_rows: int, sampling_rows: int, coupled_rows: int = 0, common: int = 0, shift: int = 0,
              pairs: frozenset[tuple[str, str]] | None = None, pause: bool = False) -> Plan:
         """The ranking for one composition, the acceptance rates of every pair shifted by `common` steps of
         log-odds and those of `pairs` (every pair if None) by `shift` more. With `pause` (the planner
@@ -228,7 +237,8 @@ class Planner:
         if inputs is None or inputs.version != version:   # one snapshot's estimates serve every composition
             inputs = self.inputs = Inputs(version, self._estimates(snapshot), self._latency(snapshot))
         estimates, latency = inputs.estimates, inputs.latency
-        batch = greedy_rows + sampling_rows
+        counts = {Mode.GREEDY: greedy_rows, Mode.SAMPLING: sampling_rows, Mode.COUPLED: coupled_rows}
+        batch = sum(counts.values())
         step = s.batch_odds_step
         with self._lock:   # a copy: cycles add to the EMAs while this plan is made
             cycle_overhead, known, scales = self._overheads(batch)
@@ -241,15 +251,14 @@ class Planner:
             depth = max(s.windows) + len(chain)
             windows = s.windows if len(chain) > 1 else [0]
             groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in chain_pairs(chain)]
-                            for mode, n in ((Mode.GREEDY, greedy_rows), (Mode.SAMPLING, sampling_rows)) if n}
+                            for mode, n in counts.items() if n}
             if shift or common:
                 moved = [step * (common + (shift if pairs is None or pair in pairs else 0))
                          for pair in chain_pairs(chain)]
                 groups_rates = {mode: [[shifted(a, odds) for a in rates] if odds else rates
                                        for rates, odds in zip(per_pair, moved)]
                                 for mode, per_pair in groups_rates.items()}
-            groups = [RowGroup(n, groups_rates[mode])
-                      for mode, n in ((Mode.GREEDY, greedy_rows), (Mode.SAMPLING, sampling_rows)) if n]
+            groups = [RowGroup(n, groups_rates[mode]) for mode, n in counts.items() if n]
             for w in windows:
                 predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK,
                                            later_passes))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from specrouter.profiler.metrics import Mode
 from specrouter.router.chain import Row
-from specrouter.router.scheduling.candidates import chain_pairs
+from specrouter.router.scheduling.candidates import chain_pairs, mode_of
 from specrouter.router.scheduling.cycle_cost import Prediction
 from specrouter.router.scheduling.freshness import PairFreshness
 from specrouter.router.scheduling.plans import Plan
@@ -62,7 +62,7 @@ class Policy:
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
 
-    def decide(self, plan: Plan, state: BatchState, rows: Sequence[Row], greedy: int,
+    def decide(self, plan: Plan, state: BatchState, rows: Sequence[Row],
                chain: tuple[str, ...] | None, window: int, score: Score = t_eff,
                scales: Mapping[str, float] = NO_SCALES, usable: frozenset[str] | None = None) -> Decision:
         """The decision among the plan's candidates that the requests left open, over the models in
@@ -86,7 +86,7 @@ class Policy:
         if score is not t_eff:   # by the bound, cheap to compute: the score is never below it
             candidates = sorted(candidates, key=lambda p: p.scaled_cost_ns(scales) / p.emitted)
         if chain is None and not window:
-            explore = self.exploration(plan, rows, greedy, len(rows) - greedy, predictions)
+            explore = self.exploration(plan, rows, predictions)
             if explore is not None:
                 self._last_explore_cycle = self._cycles
                 self.counts["explorations"] += 1
@@ -122,7 +122,7 @@ class Policy:
             self.counts["switches"] += 1
         return Decision(target.chain, target.window, target)
 
-    def exploration(self, plan: Plan, rows: Sequence[Row], greedy: int, sampling: int,
+    def exploration(self, plan: Plan, rows: Sequence[Row],
                     predictions: Sequence[Prediction] | None = None) -> Decision | None:
         """An exploration cycle for the most overdue pair, in the best of `predictions` (by default the
         plan's) that holds it; None when no pair is due."""
@@ -131,7 +131,8 @@ class Policy:
         if self._cycles - self._last_explore_cycle < s.explore_every_cycles or len(self.chains) < 2:
             return None
         now = self._clock()
-        modes = [m for m, n in ((Mode.GREEDY, greedy), (Mode.SAMPLING, sampling)) if n]
+        present = {mode_of(r) for r in rows}
+        modes = [m for m in Mode if m in present]   # in the enum's order: on ties, greedy first
         stale = []
         for d, v in self.pairs:
             wait = self.exploration_wait(plan, (d, v))

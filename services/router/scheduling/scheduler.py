@@ -27,12 +27,14 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, RecentReports
-from specrouter.router.scheduling.candidates import Pair, candidate_chains, chain_pairs
+from specrouter.profiler.metrics import Mode
+from specrouter.router.scheduling.candidates import Pair, candidate_chains, chain_pairs, mode_of
 from specrouter.router.scheduling.context_scales import ContextScales
 from specrouter.router.scheduling.draft_passes import DraftPasses
 from specrouter.router.scheduling.ema import Ema
@@ -93,9 +95,9 @@ class Scheduler:
         self.planner.close()
 
     def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
-             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0) -> Plan:
+             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0, coupled_rows: int = 0) -> Plan:
         """The ranking for a batch composition, its pairs' acceptance shifted (Planner.plan)."""
-        return self.planner.plan(greedy_rows, sampling_rows, shift, pairs, common)
+        return self.planner.plan(greedy_rows, sampling_rows, shift, pairs, common, coupled_rows)
 
     def _note_snapshot(self, snapshot: Snapshot, now: float) -> None:
         self._recent.update(snapshot)
@@ -136,9 +138,10 @@ class Scheduler:
     def _decide(self, batch: ChainBatch, state: BatchState, chain: tuple[str, ...] | None, window: int) -> Decision:
         s = self.settings
         rows = [r for r in batch.rows.values() if r.finish_reason is None]
-        greedy = sum(1 for r in rows if r.sampling.greedy)
+        modes = Counter(mode_of(r) for r in rows)
+        greedy, sampling, coupled = modes[Mode.GREEDY], modes[Mode.SAMPLING], modes[Mode.COUPLED]
         common = self.prompts.value(rows)
-        base = plan = self.plan(greedy, len(rows) - greedy, common=common)
+        base = plan = self.plan(greedy, sampling, common=common, coupled_rows=coupled)
         shift = self.records.value(rows)
         # the rows' record is of the pairs they ran, the standing chain's: rows that draft better than
         # predicted move those pairs alone (what one drafter finds easy another may not), rows that
@@ -146,18 +149,19 @@ class Scheduler:
         # record never makes a chain it did not measure look better than the one it did
         pairs = frozenset(chain_pairs(state.current.chain)) if state.current is not None and shift > 0 else None
         if shift:
-            plan = self.plan(greedy, len(rows) - greedy, shift, pairs, common)
+            plan = self.plan(greedy, sampling, shift, pairs, common, coupled)
         scales = self.context_scales.value(rows)
         score: Score = t_eff
         solo = None
         if s.tail_weight > 0 and rows:   # with the same cycles for one row of the batch's main mode
-            main = 2 * greedy >= len(rows)
-            solo = plan if len(rows) == 1 else self.plan(1 if main else 0, 0 if main else 1, shift, pairs, common)
+            main = max(Mode, key=lambda m: modes[m])   # on ties, the enum's first (greedy)
+            solo = plan if len(rows) == 1 else self.plan(int(main is Mode.GREEDY), int(main is Mode.SAMPLING),
+                                                         shift, pairs, common, int(main is Mode.COUPLED))
         if solo is not None or scales:
             score = batch_score(rows, scales, solo, s.tail_weight, self.planner.finish_reach)
         workers = getattr(batch, "workers", None)   # the models the batch still has (one may have failed)
         usable = None if workers is None or set(self.models) <= set(workers) else frozenset(workers)
-        decision = self.policy.decide(plan, state, rows, greedy, chain, window, score, scales, usable)
+        decision = self.policy.decide(plan, state, rows, chain, window, score, scales, usable)
         if decision.prediction is not None and scales:
             decision.prediction = decision.prediction.scaled(scales)
         decision.base = base.by_key.get((decision.chain, decision.window))

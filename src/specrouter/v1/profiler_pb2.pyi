@@ -12,9 +12,11 @@ class DecodingMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECODING_MODE_UNSPECIFIED: _ClassVar[DecodingMode]
     DECODING_MODE_GREEDY: _ClassVar[DecodingMode]
     DECODING_MODE_SAMPLING: _ClassVar[DecodingMode]
+    DECODING_MODE_COUPLED: _ClassVar[DecodingMode]
 DECODING_MODE_UNSPECIFIED: DecodingMode
 DECODING_MODE_GREEDY: DecodingMode
 DECODING_MODE_SAMPLING: DecodingMode
+DECODING_MODE_COUPLED: DecodingMode
 
 class ForwardMeasurement(_message.Message):
     __slots__ = ("model", "batch_size", "tokens_per_row", "forward_ns")

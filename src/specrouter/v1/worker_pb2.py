@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecrouter/v1/worker.proto\x12\rspecrouter.v1\"\r\n\x0bInfoRequest\"\xe7\x01\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nparameters\x18\x02 \x01(\x03\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x18\n\x10tokenizer_sha256\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x13\n\x0blive_states\x18\x08 \x01(\x05\x12\x35\n\x0fwarmup_forwards\x18\t \x03(\x0b\x32\x1c.specrouter.v1.ForwardTiming\"g\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x04 \x01(\x02\x12\x0c\n\x04seed\x18\x05 \x01(\x03\"}\n\x07RowStep\x12\x0e\n\x06row_id\x18\x01 \x01(\t\x12\x10\n\x08rollback\x18\x02 \x01(\r\x12\x16\n\x0epending_tokens\x18\x03 \x03(\x05\x12)\n\x08sampling\x18\x04 \x01(\x0b\x32\x17.specrouter.v1.Sampling\x12\r\n\x05\x63ycle\x18\x05 \x01(\x04\"=\n\x0f\x44istributionRow\x12\x13\n\x0bvalues_fp16\x18\x01 \x01(\x0c\x12\x15\n\rindices_int32\x18\x02 \x01(\x0c\"~\n\x08Proposal\x12\x0e\n\x06row_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12,\n\x04rows\x18\x03 \x03(\x0b\x32\x1e.specrouter.v1.DistributionRow\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x12\n\nsimilarity\x18\x05 \x01(\x01\",\n\nPrefillRow\x12\x0e\n\x06row_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\"`\n\x0ePrefillRequest\x12\x10\n\x08state_id\x18\x01 \x01(\t\x12\'\n\x04rows\x18\x02 \x03(\x0b\x32\x19.specrouter.v1.PrefillRow\x12\x13\n\x0bpredictions\x18\x03 \x01(\r\"$\n\x12PrefillPredictions\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"p\n\x0fPrefillResponse\x12%\n\x06timing\x18\x01 \x01(\x0b\x32\x15.specrouter.v1.Timing\x12\x36\n\x0bpredictions\x18\x02 \x03(\x0b\x32!.specrouter.v1.PrefillPredictions\"v\n\x0c\x44raftRequest\x12\x10\n\x08state_id\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\r\x12\x0e\n\x06window\x18\x03 \x01(\r\x12$\n\x04rows\x18\x04 \x03(\x0b\x32\x16.specrouter.v1.RowStep\x12\x0f\n\x07hand_up\x18\x05 \x01(\x08\"\\\n\tVerifyRow\x12$\n\x04step\x18\x01 \x01(\x0b\x32\x16.specrouter.v1.RowStep\x12)\n\x08proposal\x18\x02 \x01(\x0b\x32\x17.specrouter.v1.Proposal\"i\n\rVerifyRequest\x12\x10\n\x08state_id\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\r\x12\x0f\n\x07hand_up\x18\x03 \x01(\x08\x12&\n\x04rows\x18\x04 \x03(\x0b\x32\x18.specrouter.v1.VerifyRow\"a\n\x0cStepResponse\x12*\n\tproposals\x18\x01 \x03(\x0b\x32\x17.specrouter.v1.Proposal\x12%\n\x06timing\x18\x02 \x01(\x0b\x32\x15.specrouter.v1.Timing\"3\n\x0eReleaseRequest\x12\x10\n\x08state_id\x18\x01 \x01(\t\x12\x0f\n\x07row_ids\x18\x02 \x03(\t\"\x11\n\x0fReleaseResponse\"e\n\rForwardTiming\x12\x12\n\nforward_ns\x18\x01 \x01(\x03\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x16\n\x0etokens_per_row\x18\x03 \x01(\r\x12\x14\n\x0ctokens_valid\x18\x04 \x01(\r\"L\n\x06Timing\x12.\n\x08\x66orwards\x18\x01 \x03(\x0b\x32\x1c.specrouter.v1.ForwardTiming\x12\x12\n\nhandler_ns\x18\x02 \x01(\x03\x32\xec\x02\n\rWorkerService\x12?\n\x04Info\x12\x1a.specrouter.v1.InfoRequest\x1a\x1b.specrouter.v1.InfoResponse\x12H\n\x07Prefill\x12\x1d.specrouter.v1.PrefillRequest\x1a\x1e.specrouter.v1.PrefillResponse\x12\x41\n\x05\x44raft\x12\x1b.specrouter.v1.DraftRequest\x1a\x1b.specrouter.v1.StepResponse\x12\x43\n\x06Verify\x12\x1c.specrouter.v1.VerifyRequest\x1a\x1b.specrouter.v1.StepResponse\x12H\n\x07Release\x12\x1d.specrouter.v1.ReleaseRequest\x1a\x1e.specrouter.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecrouter/v1/worker.proto\x12\rspecrouter.v1\"\r\n\x0bInfoRequest\"\xe7\x01\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nparameters\x18\x02 \x01(\x03\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x18\n\x10tokenizer_sha256\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x13\n\x0blive_states\x18\x08 \x01(\x05\x12\x35\n\x0fwarmup_forwards\x18\t \x03(\x0b\x32\x1c.specrouter.v1.ForwardTiming\"x\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x04 \x01(\x02\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\x0f\n\x07\x63oupled\x18\x06 \x01(\x08\"}\n\x07RowStep\x12\x0e\n\x06row_id\x18\x01 \x01(\t\x12\x10\n\x08rollback\x18\x02 \x01(\r\x12\x16\n\x0epending_tokens\x18\x03 \x03(\x05\x12)\n\x08sampling\x18\x04 \x01(\x0b\x32\x17.specrouter.v1.Sampling\x12\r\n\x05\x63ycle\x18\x05 \x01(\x04\"=\n\x0f\x44istributionRow\x12\x13\n\x0bvalues_fp16\x18\x01 \x01(\x0c\x12\x15\n\rindices_int32\x18\x02 \x01(\x0c\"~\n\x08Proposal\x12\x0e\n\x06row_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12,\n\x04rows\x18\x03 \x03(\x0b\x32\x1e.specrouter.v1.DistributionRow\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x12\n\nsimilarity\x18\x05 \x01(\x01\",\n\nPrefillRow\x12\x0e\n\x06row_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\"`\n\x0ePrefillRequest\x12\x10\n\x08state_id\x18\x01 \x01(\t\x12\'\n\x04rows\x18\x02 \x03(\x0b\x32\x19.specrouter.v1.PrefillRow\x12\x13\n\x0bpredictions\x18\x03 \x01(\r\"$\n\x12PrefillPredictions\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"p\n\x0fPrefillResponse\x12%\n\x06timing\x18\x01 \x01(\x0b\x32\x15.specrouter.v1.Timing\x12\x36\n\x0bpredictions\x18\x02 \x03(\x0b\x32!.specrouter.v1.PrefillPredictions\"v\n\x0c\x44raftRequest\x12\x10\n\x08state_id\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\r\x12\x0e\n\x06window\x18\x03 \x01(\r\x12$\n\x04rows\x18\x04 \x03(\x0b\x32\x16.specrouter.v1.RowStep\x12\x0f\n\x07hand_up\x18\x05 \x01(\x08\"\\\n\tVerifyRow\x12$\n\x04step\x18\x01 \x01(\x0b\x32\x16.specrouter.v1.RowStep\x12)\n\x08proposal\x18\x02 \x01(\x0b\x32\x17.specrouter.v1.Proposal\"i\n\rVerifyRequest\x12\x10\n\x08state_id\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\r\x12\x0f\n\x07hand_up\x18\x03 \x01(\x08\x12&\n\x04rows\x18\x04 \x03(\x0b\x32\x18.specrouter.v1.VerifyRow\"a\n\x0cStepResponse\x12*\n\tproposals\x18\x01 \x03(\x0b\x32\x17.specrouter.v1.Proposal\x12%\n\x06timing\x18\x02 \x01(\x0b\x32\x15.specrouter.v1.Timing\"3\n\x0eReleaseRequest\x12\x10\n\x08state_id\x18\x01 \x01(\t\x12\x0f\n\x07row_ids\x18\x02 \x03(\t\"\x11\n\x0fReleaseResponse\"e\n\rForwardTiming\x12\x12\n\nforward_ns\x18\x01 \x01(\x03\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x16\n\x0etokens_per_row\x18\x03 \x01(\r\x12\x14\n\x0ctokens_valid\x18\x04 \x01(\r\"L\n\x06Timing\x12.\n\x08\x66orwards\x18\x01 \x03(\x0b\x32\x1c.specrouter.v1.ForwardTiming\x12\x12\n\nhandler_ns\x18\x02 \x01(\x03\x32\xec\x02\n\rWorkerService\x12?\n\x04Info\x12\x1a.specrouter.v1.InfoRequest\x1a\x1b.specrouter.v1.InfoResponse\x12H\n\x07Prefill\x12\x1d.specrouter.v1.PrefillRequest\x1a\x1e.specrouter.v1.PrefillResponse\x12\x41\n\x05\x44raft\x12\x1b.specrouter.v1.DraftRequest\x1a\x1b.specrouter.v1.StepResponse\x12\x43\n\x06Verify\x12\x1c.specrouter.v1.VerifyRequest\x1a\x1b.specrouter.v1.StepResponse\x12H\n\x07Release\x12\x1d.specrouter.v1.ReleaseRequest\x1a\x1e.specrouter.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,37 +36,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFORESPONSE']._serialized_start=61
   _globals['_INFORESPONSE']._serialized_end=292
   _globals['_SAMPLING']._serialized_start=294
-  _globals['_SAMPLING']._serialized_end=397
-  _globals['_ROWSTEP']._serialized_start=399
-  _globals['_ROWSTEP']._serialized_end=524
-  _globals['_DISTRIBUTIONROW']._serialized_start=526
-  _globals['_DISTRIBUTIONROW']._serialized_end=587
-  _globals['_PROPOSAL']._serialized_start=589
-  _globals['_PROPOSAL']._serialized_end=715
-  _globals['_PREFILLROW']._serialized_start=717
-  _globals['_PREFILLROW']._serialized_end=761
-  _globals['_PREFILLREQUEST']._serialized_start=763
-  _globals['_PREFILLREQUEST']._serialized_end=859
-  _globals['_PREFILLPREDICTIONS']._serialized_start=861
-  _globals['_PREFILLPREDICTIONS']._serialized_end=897
-  _globals['_PREFILLRESPONSE']._serialized_start=899
-  _globals['_PREFILLRESPONSE']._serialized_end=1011
-  _globals['_DRAFTREQUEST']._serialized_start=1013
-  _globals['_DRAFTREQUEST']._serialized_end=1131
-  _globals['_VERIFYROW']._serialized_start=1133
-  _globals['_VERIFYROW']._serialized_end=1225
-  _globals['_VERIFYREQUEST']._serialized_start=1227
-  _globals['_VERIFYREQUEST']._serialized_end=1332
-  _globals['_STEPRESPONSE']._serialized_start=1334
-  _globals['_STEPRESPONSE']._serialized_end=1431
-  _globals['_RELEASEREQUEST']._serialized_start=1433
-  _globals['_RELEASEREQUEST']._serialized_end=1484
-  _globals['_RELEASERESPONSE']._serialized_start=1486
-  _globals['_RELEASERESPONSE']._serialized_end=1503
-  _globals['_FORWARDTIMING']._serialized_start=1505
-  _globals['_FORWARDTIMING']._serialized_end=1606
-  _globals['_TIMING']._serialized_start=1608
-  _globals['_TIMING']._serialized_end=1684
-  _globals['_WORKERSERVICE']._serialized_start=1687
-  _globals['_WORKERSERVICE']._serialized_end=2051
+  _globals['_SAMPLING']._serialized_end=414
+  _globals['_ROWSTEP']._serialized_start=416
+  _globals['_ROWSTEP']._serialized_end=541
+  _globals['_DISTRIBUTIONROW']._serialized_start=543
+  _globals['_DISTRIBUTIONROW']._serialized_end=604
+  _globals['_PROPOSAL']._serialized_start=606
+  _globals['_PROPOSAL']._serialized_end=732
+  _globals['_PREFILLROW']._serialized_start=734
+  _globals['_PREFILLROW']._serialized_end=778
+  _globals['_PREFILLREQUEST']._serialized_start=780
+  _globals['_PREFILLREQUEST']._serialized_end=876
+  _globals['_PREFILLPREDICTIONS']._serialized_start=878
+  _globals['_PREFILLPREDICTIONS']._serialized_end=914
+  _globals['_PREFILLRESPONSE']._serialized_start=916
+  _globals['_PREFILLRESPONSE']._serialized_end=1028
+  _globals['_DRAFTREQUEST']._serialized_start=1030
+  _globals['_DRAFTREQUEST']._serialized_end=1148
+  _globals['_VERIFYROW']._serialized_start=1150
+  _globals['_VERIFYROW']._serialized_end=1242
+  _globals['_VERIFYREQUEST']._serialized_start=1244
+  _globals['_VERIFYREQUEST']._serialized_end=1349
+  _globals['_STEPRESPONSE']._serialized_start=1351
+  _globals['_STEPRESPONSE']._serialized_end=1448
+  _globals['_RELEASEREQUEST']._serialized_start=1450
+  _globals['_RELEASEREQUEST']._serialized_end=1501
+  _globals['_RELEASERESPONSE']._serialized_start=1503
+  _globals['_RELEASERESPONSE']._serialized_end=1520
+  _globals['_FORWARDTIMING']._serialized_start=1522
+  _globals['_FORWARDTIMING']._serialized_end=1623
+  _globals['_TIMING']._serialized_start=1625
+  _globals['_TIMING']._serialized_end=1701
+  _globals['_WORKERSERVICE']._serialized_start=1704
+  _globals['_WORKERSERVICE']._serialized_end=2068
 # @@protoc_insertion_point(module_scope)

@@ -33,18 +33,20 @@ class InfoResponse(_message.Message):
     def __init__(self, model_name: _Optional[str] = ..., parameters: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer_sha256: _Optional[str] = ..., context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., live_states: _Optional[int] = ..., warmup_forwards: _Optional[_Iterable[_Union[ForwardTiming, _Mapping]]] = ...) -> None: ...
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "repetition_penalty", "seed")
+    __slots__ = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "coupled")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    COUPLED_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     repetition_penalty: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    coupled: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., coupled: _Optional[bool] = ...) -> None: ...
 
 class RowStep(_message.Message):
     __slots__ = ("row_id", "rollback", "pending_tokens", "sampling", "cycle")
