@@ -145,7 +145,9 @@ class Batcher:
             handles.append(self._inbox.get_nowait())
         by_key: dict[tuple, list[RequestHandle]] = defaultdict(list)
         for h in handles:
-            if not h.cancelled.is_set():
+            if h.cancelled.is_set():   # cancelled before it was admitted: it still ends, as every request does
+                h.events.put(Failed(CancelledError("request cancelled")))
+            else:
                 by_key[(h.request.chain, h.request.window)].append(h)
         for key, group in by_key.items():
             self._admit_group(key, group)
@@ -176,9 +178,9 @@ class Batcher:
     @staticmethod
     def _release(batch: ChainBatch, rows: list[Row]) -> None:
         """Frees the rows of a failed prefill on every worker of the batch (best effort; states expire)."""
-        for w in batch.workers.values():
+        for name, w in batch.workers.items():
             try:
-                w.release(batch.state_id, [r.row_id for r in rows])
+                w.release(batch.state_ids[name], [r.row_id for r in rows])
             except Exception:  # noqa: BLE001 - the worker may be gone
                 pass
 

@@ -130,7 +130,9 @@ class ChainBatch:
         self.target = target
         self.context_length = context_length
         self.prompt_positions = prompt_positions   # last prompt positions the models' guesses are compared on
-        self.state_id = state_id or uuid.uuid4().hex
+        # the id each worker holds the batch's state under: one for all, but a worker whose state could not
+        # be released when it was rebuilt takes a fresh one (the old one goes to `orphans`)
+        self.state_ids = dict.fromkeys(self.workers, state_id or uuid.uuid4().hex)
         self.rows: dict[str, Row] = {}
         self.orphans = Orphans(FAN_OUT) if orphans is None else orphans   # states left on workers it left
         self._releasing: list[tuple[str, list[str], Future]] = []   # (model, row ids, call): releases on their way
@@ -158,7 +160,7 @@ class ChainBatch:
         batch = [(r.row_id, r.tokens[:-1]) for r in rows]
         n = self.prompt_positions
         try:
-            results = self._on_every_worker(lambda worker: worker.prefill(self.state_id, batch, n))
+            results = self._on_every_worker(lambda worker, state: worker.prefill(state, batch, n))
         except WorkerCallFailed as exc:
             raise self._call_failed(exc.model, exc.cause, rows) from exc.cause
         self._resyncs.clear()
@@ -179,13 +181,13 @@ class ChainBatch:
         if not gone:
             return gone
         ids = [r.row_id for r in gone]
-        releases = self._start_on_every_worker(lambda worker: worker.release(self.state_id, ids))
+        releases = self._start_on_every_worker(lambda worker, state: worker.release(state, ids))
         self._releasing = [(model, ids, call) for model, call in releases.items()]
         if wait or not self.rows:
             self._settle_releases()
         if not self.rows:   # nothing to rebuild: a state whose release failed goes as a whole, when it can
             for model in self._stale:
-                self.orphans.release(self.workers[model], self.state_id)
+                self.orphans.release(self.workers[model], self.state_ids[model])
             self._stale.clear()
         return gone
 
@@ -200,7 +202,7 @@ class ChainBatch:
                 continue
             if not worker_gone(cause):
                 try:
-                    self.workers[model].release(self.state_id, ids)
+                    self.workers[model].release(self.state_ids[model], ids)
                     continue
                 except Exception as exc:  # noqa: BLE001 - the state is rebuilt instead
                     cause = exc
@@ -215,17 +217,19 @@ class ChainBatch:
     def _resync(self, model: str) -> None:
         """Rebuilds `model`'s state of the batch from the rows' tokens: whatever its worker holds under the
         batch's state id is released, and every row is prefilled again (all but its last token, as `add`
-        does). Nothing emitted changes: a state is a function of its tokens."""
+        does). Nothing emitted changes: a state is a function of its tokens. If that release fails too, the
+        worker rebuilds under a fresh state id, and the old state is released once it answers (`orphans`)."""
         worker, rows = self.workers[model], list(self.rows.values())
         self._resyncs[model] += 1
         try:
             try:
-                worker.release(self.state_id)
+                worker.release(self.state_ids[model])
             except Exception as exc:  # noqa: BLE001 - a state the worker does not hold is what a release wants
                 if not state_unknown(exc):
-                    raise
+                    self.orphans.release(worker, self.state_ids[model])
+                    self.state_ids[model] = uuid.uuid4().hex
             if rows:
-                worker.prefill(self.state_id, [(r.row_id, r.tokens[:-1]) for r in rows])
+                worker.prefill(self.state_ids[model], [(r.row_id, r.tokens[:-1]) for r in rows])
         except Exception as exc:
             raise self._call_failed(model, exc, rows) from exc
         for r in rows:
@@ -245,11 +249,11 @@ class ChainBatch:
             gone = self.remove(list(self.rows))
         finally:
             self.workers[model] = replica
-        old, self.state_id = self.state_id, uuid.uuid4().hex
+        old, self.state_ids = self.state_ids, dict.fromkeys(self.workers, uuid.uuid4().hex)
         for stale in self._stale - {model}:   # releases that failed: the old state goes as a whole
-            self.orphans.release(self.workers[stale], old)
+            self.orphans.release(self.workers[stale], old[stale])
         self._stale.clear()
-        self.orphans.release(lost, old)
+        self.orphans.release(lost, old[model])
         return gone
 
     def drop_model(self, model: str) -> None:
@@ -258,30 +262,31 @@ class ChainBatch:
         its own. Its state of the batch is released once its worker answers (`orphans`)."""
         if model == self.target:
             raise ValueError(f"the target {model!r} cannot leave the batch")
-        worker = self.workers.pop(model, None)
+        worker, state = self.workers.pop(model, None), self.state_ids.pop(model, None)
         self._stale.discard(model)
         for r in self.rows.values():
             r.seen.pop(model, None)
             r.spec.pop(model, None)
         if worker is not None:
-            self.orphans.release(worker, self.state_id)
+            self.orphans.release(worker, state)
 
-    def _start_on_every_worker(self, call: Callable[[Worker], T]) -> dict[str, Future]:
-        """`call` on every worker, a future of its outcome by model: the workers in other processes on the
-        fan-out pool, at once; the engines in this process in turn, on this thread, before it returns."""
+    def _start_on_every_worker(self, call: Callable[[Worker, str], T]) -> dict[str, Future]:
+        """`call(worker, its state id)` on every worker, a future of its outcome by model: the workers in
+        other processes on the fan-out pool, at once; the engines in this process in turn, on this thread,
+        before it returns."""
         # each call runs in a copy of this thread's context, so the calls join the caller's trace
-        futures = {name: FAN_OUT.submit(contextvars.copy_context().run, call, worker)
+        futures = {name: FAN_OUT.submit(contextvars.copy_context().run, call, worker, self.state_ids[name])
                    for name, worker in self.workers.items() if getattr(worker, "remote", False)}
         for name, worker in self.workers.items():
             if name not in futures:
                 futures[name] = Future()
                 try:
-                    futures[name].set_result(call(worker))
+                    futures[name].set_result(call(worker, self.state_ids[name]))
                 except Exception as exc:  # noqa: BLE001 - the caller reads it from the future
                     futures[name].set_exception(exc)
         return {name: futures[name] for name in self.workers}
 
-    def _on_every_worker(self, call: Callable[[Worker], T]) -> dict[str, T]:
+    def _on_every_worker(self, call: Callable[[Worker, str], T]) -> dict[str, T]:
         """`call` on every worker at once, its results by model; the first failure is raised, as a
         `WorkerCallFailed` naming its model, once all have answered (so that a caller cleaning up after it
         finds no call still in flight)."""
@@ -335,7 +340,7 @@ class ChainBatch:
         drafter = chain[0]   # the target of a target-only chain drafts its own output
         started = time.perf_counter_ns()
         try:
-            result = self.workers[drafter].draft(self.state_id, 0, window, self._steps(drafter, rows),
+            result = self.workers[drafter].draft(self.state_ids[drafter], 0, window, self._steps(drafter, rows),
                                                  hand_up=len(chain) > 1)
         except Exception as exc:
             raise self._call_failed(drafter, exc, rows) from exc
@@ -357,7 +362,7 @@ class ChainBatch:
             ]
             started = time.perf_counter_ns()
             try:
-                result = self.workers[model].verify(self.state_id, level, steps, hand_up)
+                result = self.workers[model].verify(self.state_ids[model], level, steps, hand_up)
             except Exception as exc:
                 self._abandon(rows, processed)
                 raise self._call_failed(model, exc, rows) from exc

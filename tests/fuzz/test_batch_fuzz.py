@@ -15,6 +15,7 @@ the target going silent for a few calls, a drafter failing a call. Properties:
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 from hypothesis import strategies as st
@@ -43,7 +44,7 @@ sampling = st.one_of(
     st.builds(SamplingParams, repetition_penalty=st.sampled_from([0.5, 1.3])),
     st.builds(SamplingParams, temperature=st.sampled_from([0.7, 1.0, 1.3]), top_k=st.sampled_from([0, 5, 20]),
               top_p=st.sampled_from([1.0, 0.8]), repetition_penalty=st.sampled_from([1.0, 1.2]),
-              seed=st.integers(0, 2**63 - 1)))
+              seed=st.integers(0, 2**63 - 1), coupled=st.booleans()))
 
 request = st.fixed_dictionaries({
     "prompt": st.lists(st.integers(0, TINY_VOCAB - 1), min_size=1, max_size=12),
@@ -134,36 +135,41 @@ def alone(pool, r) -> Finished:
 def check_batch(tiny_pool, requests, faults) -> None:
     reference = [alone(tiny_pool, r) for r in requests]
     injected = Faults(tiny_pool)
-    handles: dict[int, object] = {}
+    handles: dict[int, tuple] = {}   # request -> (its handle, the batch's cycle it was submitted at)
     cycles = [0]
     pending = sorted(range(len(requests)), key=lambda i: requests[i]["arrives"])
     schedule = sorted(faults)
+    lock = threading.Lock()   # the loop's thread submits arrivals between cycles; this one when none run
+
+    def arrive(b, until: float) -> None:
+        while pending and requests[pending[0]]["arrives"] <= until:
+            i = pending.pop(0)
+            handles[i] = (b.submit(as_request(requests[i])), cycles[0])
+
     try:
         def on_cycle(batch, report, rows, cycle_ns, auto) -> None:   # on the loop's thread, between cycles
-            cycles[0] += 1
-            while pending and requests[pending[0]]["arrives"] <= cycles[0]:
-                i = pending.pop(0)
-                handles[i] = (b.submit(as_request(requests[i])), cycles[0])
-            for i, (h, since) in handles.items():
-                if requests[i]["cancels"] is not None and cycles[0] - since >= requests[i]["cancels"]:
-                    h.cancel()
-            while schedule and schedule[0][0] <= cycles[0]:
-                _, kind, model = schedule.pop(0)
-                injected.strike(kind, model)
+            with lock:
+                cycles[0] += 1
+                arrive(b, cycles[0])
+                for i, (h, since) in handles.items():
+                    if requests[i]["cancels"] is not None and cycles[0] - since >= requests[i]["cancels"]:
+                        h.cancel()
+                while schedule and schedule[0][0] <= cycles[0]:
+                    _, kind, model = schedule.pop(0)
+                    injected.strike(kind, model)
 
         with batcher(tiny_pool, on_cycle) as b:
-            while pending and requests[pending[0]]["arrives"] == 0:
-                i = pending.pop(0)
-                handles[i] = (b.submit(as_request(requests[i])), 0)
+            with lock:
+                arrive(b, 0)
             outcomes = {}
             while len(outcomes) < len(requests):
-                for i, (h, _) in list(handles.items()):
-                    if i not in outcomes:
-                        outcomes[i] = ending(h)
-                if len(handles) < len(requests) and not b.running():   # the batch ended before they arrived
-                    for i in pending:
-                        handles[i] = (b.submit(as_request(requests[i])), cycles[0])
-                    pending.clear()
+                with lock:
+                    waiting = [(i, h) for i, (h, _) in handles.items() if i not in outcomes]
+                    if not waiting:   # every request submitted has ended before the others arrived
+                        arrive(b, float("inf"))
+                        continue
+                for i, h in waiting:
+                    outcomes[i] = ending(h)
     finally:
         injected.clear()
     deadline = time.monotonic() + WAIT_S   # releases that failed are sent again once the worker answers

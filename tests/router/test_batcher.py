@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from specrouter.router.batcher import Batcher
-from specrouter.router.handles import Failed, Finished
+from specrouter.router.handles import CancelledError, Failed, Finished
 from specrouter.router.requests import GenerationRequest
 from specrouter.worker.calls import SamplingParams
 
@@ -52,6 +52,36 @@ def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_poo
         target.prefill = prefill
         batcher.stop()
     assert sizes[0] == 2, f"the first cycle ran {sizes[0]} row(s); batch sizes by cycle: {sizes}"
+
+
+def test_a_request_cancelled_before_it_is_admitted_still_ends(tiny_pool) -> None:
+    """A client that cancels while its request waits in the inbox (the loop busy with a prefill) gets its
+    CancelledError like any other; the request beside it finishes."""
+    target = tiny_pool["t"]
+    prefill = target.prefill
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_prefill(state_id, rows, predictions=0):
+        entered.set()
+        assert release.wait(30), "the test never let the prefill finish"
+        return prefill(state_id, rows, predictions)
+
+    target.prefill = slow_prefill
+    batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window))
+    batcher.start()
+    try:
+        first = batcher.submit(GenerationRequest([5, 9, 3], SamplingParams(), 6, chain=("t",), window=1))
+        assert entered.wait(30)
+        target.prefill = prefill
+        second = batcher.submit(GenerationRequest([7, 1], SamplingParams(), 6, chain=("t",), window=1))
+        second.cancel()
+        release.set()
+        assert len(finish(first).token_ids) == 6
+        with pytest.raises(CancelledError):
+            finish(second, timeout=30)
+    finally:
+        target.prefill = prefill
+        batcher.stop()
 
 
 def target_only(pool, prompt, new) -> list[int]:
