@@ -60,11 +60,12 @@ class Batcher:
                  on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
                  on_cycle_done: CycleDone | None = None, prompt_positions: int = 0,
                  health: WorkerHealth | None = None, on_emitted: Callable[[int], None] | None = None,
-                 target_wait_s: float = 0.0):
+                 target_wait_s: float = 0.0, levels: Mapping[str, Worker] | None = None):
         # one worker per model, or every replica of each (a router's)
         self.replicas = workers if isinstance(workers, ReplicaSet) else ReplicaSet.fixed(workers)
         self.health = health or WorkerHealth(self.replicas, target)
         self.placement = Placement(self.replicas, self.health, target)
+        self.levels = dict(levels or {})   # levels in this process that every batch has (the lookup)
         self.prompt_positions = prompt_positions   # prompt positions the models' guesses are compared on
         self.target = target
         self.context_length = context_length
@@ -159,7 +160,8 @@ class Batcher:
         batch = self._batches.get(key)
         if batch is None:
             try:
-                batch = ChainBatch(self.placement.place(self._loads()), self.target, self.context_length,
+                batch = ChainBatch({**self.placement.place(self._loads()), **self.levels}, self.target,
+                                   self.context_length,
                                    prompt_positions=self.prompt_positions, orphans=self.orphans)
             except ModelUnavailable as exc:
                 for h in group:

@@ -34,6 +34,7 @@ from typing import TypeVar
 
 from specrouter.router.failures import (RowsFailed, StateOutOfLine, WorkerCallFailed, failed_rows, state_out_of_line,
                                         state_unknown, worker_gone)
+from specrouter.router.lookup import LookupProposer
 from specrouter.router.orphans import Orphans
 from specrouter.router.stops import StopStrings
 from specrouter.router.workers import Worker
@@ -435,6 +436,9 @@ class ChainBatch:
             raise ValueError(f"a chain must end at the target {self.target!r}, got {list(chain)}")
         if len(set(chain)) != len(chain):
             raise ValueError(f"a model appears twice in chain {list(chain)}")
+        late = [m for m in chain[1:] if isinstance(self.workers[m], LookupProposer)]
+        if late:
+            raise ValueError(f"{late[0]!r} drafts without a model: it can only start a chain, got {list(chain)}")
 
 
 ChainChoice = Callable[[ChainBatch], tuple[Sequence[str], int]]

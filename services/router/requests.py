@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from specrouter.router.settings import setting_hint
@@ -55,8 +55,10 @@ def over_limit(what: str, setting: str, most: int, fix: str) -> InvalidRequest:
                           f"raise it with {setting_hint(setting)}")
 
 
-def parse_chain(spec: str, names: Sequence[str], target: str) -> tuple[str, ...] | None:
-    """`""`/`auto` -> None (router's choice); `target` -> (target,); `a,b,target` -> that chain."""
+def parse_chain(spec: str, names: Sequence[str], target: str, drafts_only: Collection[str] = (),
+                ) -> tuple[str, ...] | None:
+    """`""`/`auto` -> None (router's choice); `target` -> (target,); `a,b,target` -> that chain. A level in
+    `drafts_only` (the lookup) can only start a chain."""
     spec = spec.strip()
     if spec in ("", AUTO):
         return None
@@ -70,6 +72,10 @@ def parse_chain(spec: str, names: Sequence[str], target: str) -> tuple[str, ...]
         raise InvalidRequest(f"chain {spec!r} must end at the target {target!r}")
     if len(set(chain)) != len(chain):
         raise InvalidRequest(f"chain {spec!r} names a model twice")
+    late = [m for m in chain[1:] if m in drafts_only]
+    if late:
+        raise InvalidRequest(f"{late[0]!r} drafts without a model: it can only start a chain, as in "
+                             f"'{late[0]},{target}'")
     return chain
 
 

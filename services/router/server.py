@@ -22,6 +22,7 @@ from specrouter.router.handles import CancelledError, Emitted, Failed, Finished,
 from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.failures import OutOfMemory, RowFailed, WorkerCallFailed, worker_gone
 from specrouter.router.health import ModelUnavailable
+from specrouter.router.lookup import LOOKUP, LookupProposer
 from specrouter.router.measurements import Reporter, SnapshotCache
 from specrouter.router.prometheus import RouterMetrics
 from specrouter.router.remote import RemoteWorker
@@ -95,7 +96,10 @@ class Router:
         self.admission = Admission(settings.max_in_flight, settings.max_queued)
         self.prometheus = RouterMetrics(self.admission)   # served at /metrics by the router's main
         replicas.on_join(self._observe)
-        default = parse_chain(settings.default_chain, self.by_size, self.target) if settings.default_chain else None
+        self.levels = {LOOKUP: LookupProposer()} if settings.lookup else {}   # levels with no model
+        self.chain_names = [*self.levels, *self.by_size]
+        default = parse_chain(settings.default_chain, self.chain_names, self.target,
+                              self.levels) if settings.default_chain else None
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
         self.reporter = Reporter(settings.profiler or None, tls=upstream)
         self.metrics = SnapshotCache(settings.profiler or None, settings.snapshot_refresh_s, tls=upstream)
@@ -105,9 +109,10 @@ class Router:
         self.scheduler = Scheduler(self.by_size, self.target, settings.scheduler, lambda: self.metrics.get()[0],
                                    warmup, offline)
         self.batcher = Batcher(replicas, self.target, self.context_length, self.tokenizer.eos_token_id,
-                               self.choose_auto, self.tokenizer.decode, self.reporter.observe, self.cycle_done,
+                               self.choose_auto, self.tokenizer.decode, self.report_cycle, self.cycle_done,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
-                               on_emitted=self.prometheus.tokens.inc, target_wait_s=settings.target_wait_s)
+                               on_emitted=self.prometheus.tokens.inc, target_wait_s=settings.target_wait_s,
+                               levels=self.levels)
 
     def start(self) -> None:
         self.replicas.start()
@@ -128,15 +133,24 @@ class Router:
 
     def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
                     window: int = 0) -> tuple[tuple[str, ...], int]:
+        if chain and chain[0] in self.levels:   # the scheduler does not plan the lookup level yet
+            return chain, window or self.settings.default_window
         if not self.settings.adaptive:   # the default chain, or the target alone while one of its models is out
             default = self.default_chain if set(self.default_chain) <= set(batch.workers) else (self.target,)
             return chain or default, window or self.settings.default_window
         return self.scheduler.choose(batch, chain, window)
 
+    def report_cycle(self, report: CycleReport, rows: list[Row]) -> None:
+        """A cycle's measurements to the profiler; those of chains that start with the lookup level stay out of
+        the scheduler's tables, which do not price that level yet."""
+        if report.chain[0] not in self.levels:
+            self.reporter.observe(report, rows)
+
     def cycle_done(self, batch: ChainBatch, report: CycleReport, rows: list[Row], cycle_ns: int, auto: bool) -> None:
         decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None
         self.prometheus.observe_cycle(report, rows, cycle_ns, decision.prediction if decision is not None else None)
-        self.scheduler.observe(report, rows, cycle_ns, auto, decision)
+        if report.chain[0] not in self.levels:
+            self.scheduler.observe(report, rows, cycle_ns, auto, decision)
 
     def request_from_pb(self, m: pb.GenerateRequest) -> GenerationRequest:
         seed = m.seed if m.HasField("seed") else random.getrandbits(SEED_BITS)
@@ -148,7 +162,7 @@ class Router:
         prompt_ids = self.tokenizer(m.prompt, add_special_tokens=False)["input_ids"] if m.prompt else []
         max_new = m.max_new_tokens if m.HasField("max_new_tokens") else self.settings.default_max_new_tokens
         validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length, self.limits)
-        chain = parse_chain(m.chain, self.by_size, self.target)
+        chain = parse_chain(m.chain, self.chain_names, self.target, self.levels)
         return GenerationRequest(prompt_ids, sampling, max_new, tuple(m.stop), chain, m.window)
 
 
@@ -280,7 +294,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             pb.ModelInfo(name=n, parameters=r.replicas.reference(n).info.parameters,
                          role="target" if n == r.target else "draft",
                          address=",".join(r.replicas.addresses(n)))
-            for n in r.by_size])
+            for n in r.by_size], levels=[pb.ModelInfo(name=n, parameters=0, role="draft") for n in r.levels])
 
     def Schedule(self, request, context):
         _refuse_undecodable(request, context)

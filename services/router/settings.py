@@ -40,6 +40,7 @@ class RouterSettings(BaseSettings):
     # a request with a seed samples coupled (its text depends on the prompt, the seed and the target alone,
     # whatever the chain); one without samples coupled too when this is on, else by speculative sampling
     couple_unseeded: bool = False
+    lookup: bool = True   # named chains may start with the model-free lookup level ("lookup,29m")
     # admission: a request over one of the first three is refused (INVALID_ARGUMENT); one that finds
     # max_in_flight requests generating waits in a line of max_queued, and beyond it is refused
     # (RESOURCE_EXHAUSTED). Unary calls and streams count alike.

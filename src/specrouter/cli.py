@@ -110,6 +110,7 @@ def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k
     from specrouter.pool.load import PoolDir
     from specrouter.pool.manifest import PoolError
     from specrouter.inprocess import InProcessPool, chain_name
+    from specrouter.router.lookup import LOOKUP
     from specrouter.router.requests import parse_chain
     from specrouter.worker.calls import SamplingParams
 
@@ -119,7 +120,7 @@ def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k
     try:
         params.validate()
         pool_dir = PoolDir.open(pool or default_pool())
-        steps = parse_chain(chain, pool_dir.names, pool_dir.target)
+        steps = parse_chain(chain, [LOOKUP, *pool_dir.names], pool_dir.target, {LOOKUP})
         quiet_transformers()
         local = InProcessPool(pool_dir)
         steps = steps or (local.by_size()[0], local.target)
@@ -137,14 +138,14 @@ def models(
     as_json: bool = typer.Option(False, "--json"),
     tls_ca: Path = TLS_CA, tls_cert: Path = TLS_CERT, tls_key: Path = TLS_KEY, token_file: Path = TOKEN_FILE,
 ) -> None:
-    """List the pool's models (name, parameters, role)."""
+    """List the pool's models (name, parameters, role, address), and the lookup level."""
     import json
 
     from specrouter.client import SpecRouterError
 
     with router_client(router, 30, tls_ca, tls_cert, tls_key, token_file) as client:
         try:
-            found = client.models()
+            found = client.models(levels=True)
         except SpecRouterError as exc:
             fail(exc.code.name, exc.message)
     if as_json:
@@ -152,7 +153,7 @@ def models(
                           for m in found]))
         return
     for m in found:
-        typer.echo(f"{m.name:<24} {m.parameters:>14,} {m.role:<7} {m.address}")
+        typer.echo(f"{m.name:<24} {m.parameters:>14,} {m.role:<7} {m.address or 'in the router (no model)'}")
 
 
 @app.command()

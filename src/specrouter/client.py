@@ -244,12 +244,15 @@ class Client:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
-    def models(self) -> list[ModelInfo]:
+    def models(self, levels: bool = False) -> list[ModelInfo]:
+        """The pool's models, smallest first; with `levels`, then the levels that draft without a model (the
+        lookup: no parameters, no address), which may start a named chain."""
         try:
             reply = self.stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise _error(exc) from None
-        return [ModelInfo(m.name, m.parameters, m.role, m.address) for m in reply.models]
+        found = [*reply.models, *(reply.levels if levels else ())]
+        return [ModelInfo(m.name, m.parameters, m.role, m.address) for m in found]
 
     def close(self) -> None:
         self.channel.close()

@@ -17,6 +17,7 @@ import torch
 
 from specrouter.pool.load import PoolDir, load_model, load_tokenizer
 from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
+from specrouter.router.lookup import LOOKUP, LookupProposer
 from specrouter.router.stops import StopStrings
 from specrouter.worker.calls import SamplingParams
 from specrouter.worker.engine import EngineSettings, WorkerEngine
@@ -66,7 +67,7 @@ class InProcessPool:
     def generate_ids(self, prompts: Sequence[Sequence[int]], chain: Sequence[str], window: int,
                      params: Sequence[SamplingParams], max_new_tokens: int,
                      on_cycle=None, stop: Sequence[str] = ()) -> list[Row]:
-        batch = ChainBatch(self.engines, self.target, self.context_length)
+        batch = ChainBatch({**self.engines, LOOKUP: LookupProposer()}, self.target, self.context_length)
         eos = self.tokenizer.eos_token_id
         stops = frozenset() if eos is None else frozenset({eos})
         strings = StopStrings(stop, self.tokenizer.decode) if stop else None

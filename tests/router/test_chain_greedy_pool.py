@@ -1,6 +1,7 @@
-"""On the shipped demo pool: every chain ending at the target, windows 1, 3 and 6, batches of 1 and 4
-with prompts of different lengths, emits exactly target-only greedy decoding (30 held-out prompts x 64
-new tokens), in fp32."""
+"""On the shipped demo pool: every chain ending at the target (and the lookup level before the smallest
+drafter or the target alone), windows 1, 3 and 6, batches of 1 and 4 with prompts of different lengths,
+emits exactly target-only greedy decoding (30 held-out prompts x 64 new tokens at batch 4, the first
+BATCH_1_PROMPTS of them one at a time), in fp32."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.chain import TARGET_ONLY_BLOCK
+from specrouter.router.lookup import LOOKUP
 from specrouter.inprocess import InProcessPool
 from specrouter.worker.calls import SamplingParams
 from tests.conftest import DEMO_POOL
@@ -19,6 +21,7 @@ PROMPTS = 30
 NEW_TOKENS = 64
 WINDOWS = [1, 3, 6]
 BATCH_SIZES = [1, 4]
+BATCH_1_PROMPTS = 10   # one at a time, every prompt's cycles are the batch's: fewer prompts check as much
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,10 @@ def all_chains(pool: InProcessPool) -> list[tuple[str, ...]]:
     return [(*subset, pool.target) for n in range(1, len(others) + 1) for subset in itertools.combinations(others, n)]
 
 
+def lookup_chains(pool: InProcessPool) -> list[tuple[str, ...]]:
+    return [(LOOKUP, pool.target), (LOOKUP, pool.by_size()[0], pool.target)]
+
+
 def test_prompts_have_different_lengths(prompt_ids) -> None:
     assert len({len(p) for p in prompt_ids}) > 10
 
@@ -69,8 +76,9 @@ def test_target_only_equals_transformers_generate(pool, prompt_ids, reference) -
 @pytest.mark.parametrize("batch_size", BATCH_SIZES)
 def test_every_chain_and_window_is_exact(pool, prompt_ids, reference, batch_size) -> None:
     assert len(all_chains(pool)) >= 3
-    for chain, window in itertools.product(all_chains(pool), WINDOWS):
-        got = greedy(pool, prompt_ids, chain, window, batch_size)
+    prompts = prompt_ids[:BATCH_1_PROMPTS] if batch_size == 1 else prompt_ids
+    for chain, window in itertools.product(all_chains(pool) + lookup_chains(pool), WINDOWS):
+        got = greedy(pool, prompts, chain, window, batch_size)
         mismatched = [i for i, (a, b) in enumerate(zip(got, reference)) if a != b]
         assert not mismatched, f"chain {chain} window {window} batch {batch_size}: prompts {mismatched} differ"
     assert all(not e.state_ids() for e in pool.engines.values())

@@ -133,7 +133,8 @@ def test_every_static_chain_through_the_router_is_exact(client, local, prompts) 
     expected = [r.generated for r in local.generate_ids(ids, (local.target,), 1, [SamplingParams()] * len(ids),
                                                         NEW_TOKENS)]
     small, mid = local.by_size()[:2]
-    chains = ["target", f"{small},{local.target}", f"{mid},{local.target}", f"{small},{mid},{local.target}"]
+    chains = ["target", f"{small},{local.target}", f"{mid},{local.target}", f"{small},{mid},{local.target}",
+              f"lookup,{local.target}", f"lookup,{small},{local.target}"]
     with futures.ThreadPoolExecutor(len(prompts)) as pool:
         for chain in chains:
             got = list(pool.map(lambda p: client.generate(p, max_new_tokens=NEW_TOKENS, chain=chain, window=3).token_ids,
@@ -295,6 +296,7 @@ BAD = [
     (dict(top_p=1.5), "top_p"),
     (dict(chain="nosuchmodel,stdlib-29m"), "unknown model"),
     (dict(chain="stdlib-1m"), "must end at the target"),
+    (dict(chain="stdlib-1m,lookup,stdlib-29m"), "can only start a chain"),
     (dict(window=99), "window"),
     # values the wire cannot carry are refused by the client, by name, before any call
     (dict(max_new_tokens=-1), "max_new_tokens=-1 cannot be sent (it cannot be negative)"),
@@ -311,6 +313,20 @@ def test_bad_input_is_refused_with_a_useful_message(client, change, words) -> No
         client.generate(params.pop("prompt"), **params)
     assert words in err.value.message
     assert client.generate("def g(y):", max_new_tokens=2).token_ids  # still serving
+
+
+def test_the_lookup_level_is_listed_and_runs_with_the_window_left_open(client, local, prompts) -> None:
+    """`models(levels=True)` adds the lookup (no parameters, no address: it runs in the router); a lookup chain
+    with no window named runs at the router's default window, with the target's greedy tokens."""
+    assert [m.name for m in client.models()] == local.by_size()
+    listed = client.models(levels=True)
+    assert [m.name for m in listed] == [*local.by_size(), "lookup"]
+    assert (listed[-1].parameters, listed[-1].address) == (0, "")
+    ids = local.encode(prompts[1])
+    expected = local.generate_ids([ids], (local.target,), 1, [SamplingParams()], NEW_TOKENS)[0].generated
+    result = client.generate(prompts[1], max_new_tokens=NEW_TOKENS, chain=f"lookup,{local.target}", window=0)
+    assert result.token_ids == expected
+    assert result.stats.chain_counts == {f"lookup,{local.target}": result.stats.cycles}
 
 
 def test_one_stop_string_is_one_stop_sequence() -> None:

@@ -1,0 +1,219 @@
+"""The lookup level: prompt-lookup proposals start a chain, and the output stays the target's.
+
+Greedy: token ids equal to target-only decoding for every chain that starts with the lookup, windows 1-8,
+with rows joining and leaving a running batch. Sampled: a chi-square over many seeds against the target's
+exact joint distribution of two new tokens (P_THRESHOLD is its false-positive rate), with a power control
+that must fail: the lookup's point-mass proposal passed off as drawn from a uniform distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from specrouter.router.batcher import Batcher
+from specrouter.router.chain import ChainBatch, Row, run_to_completion
+from specrouter.router.handles import Failed, Finished
+from specrouter.router.lookup import LOOKUP, LookupProposer, lookup_proposal
+from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain
+from specrouter.worker.calls import RowStep, SamplingParams
+from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
+from tests.conftest import tiny_engines
+from tests.router.test_chain_sampling import NEW_TOKENS, P_THRESHOLD, SAMPLES, VOCAB
+from tests.stats import chi_square_p_value
+
+CONTEXT = 256
+LOOKUP_CHAINS = [(LOOKUP, "t"), (LOOKUP, "s", "t"), (LOOKUP, "m", "t"), (LOOKUP, "s", "m", "t")]
+
+
+def test_lookup_proposes_what_followed_the_latest_longest_match() -> None:
+    assert lookup_proposal([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 3) == [7, 8, 5]   # "2 3" most recently before
+    assert lookup_proposal([4, 1, 2, 5, 6, 1, 2, 7, 9, 1, 2], 2, max_ngram=3) == [7, 9]
+    assert lookup_proposal([5, 6, 1, 2, 7, 6, 2], 4) == [7, 6, 2]     # only "2" matches (n = 1)
+    assert lookup_proposal([5, 6, 1, 2, 7, 6, 2], 4, min_ngram=2) == []
+    assert lookup_proposal([1, 2, 3, 4], 5) == []
+    assert lookup_proposal([3, 3], 4) == [3]          # what follows the match ends at the row's last token
+    assert lookup_proposal([7], 4) == [] and lookup_proposal([], 4) == []
+    assert lookup_proposal([1, 2, 1, 2], 0) == []
+
+
+def test_the_lookup_keeps_each_rows_tokens_as_a_model_keeps_its_state() -> None:
+    """Prefill, draft (rollback, pending, the draft cached but its last token) and release, per row."""
+    lk = LookupProposer()
+    lk.prefill("s1", [("a", [1, 2, 3, 1]), ("b", [4, 4])])
+    out = lk.draft("s1", 0, 3, [RowStep("a", [2], SamplingParams(), 0), RowStep("b", [5], SamplingParams(), 0)])
+    assert out.tokens == [[3, 1, 2], []] and out.rows == [None, None]
+    # row a: the router accepted 3, emitted 9 in place of 1: roll back the cached 1, feed 9
+    out = lk.draft("s1", 0, 2, [RowStep("a", [9], SamplingParams(), 1, rollback=1),
+                                RowStep("b", [4], SamplingParams(), 1)])
+    assert lk._states["s1"]["a"][:7] == [1, 2, 3, 1, 2, 3, 9]
+    lk.release("s1", ["a"])
+    lk.release("s1", ["b"])
+    assert lk.state_ids() == []
+
+
+def repetitive_prompts(rng: random.Random, n: int) -> list[list[int]]:
+    """Prompts that repeat a phrase of their own, so the lookup finds matches (the tiny pool's vocabulary
+    is 64)."""
+    out = []
+    for _ in range(n):
+        phrase = [rng.randrange(1, 64) for _ in range(rng.randrange(3, 7))]
+        out.append([rng.randrange(1, 64) for _ in range(rng.randrange(0, 4))] + phrase * rng.randrange(2, 4))
+    return out
+
+
+def batcher(pool, on_cycle=None) -> Batcher:
+    return Batcher(pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window),
+                   on_cycle_done=on_cycle, levels={LOOKUP: LookupProposer()})
+
+
+def outcome(handle) -> Finished:
+    while True:
+        event = handle.events.get(timeout=120)
+        if isinstance(event, Failed):
+            raise event.error
+        if isinstance(event, Finished):
+            return event
+
+
+@pytest.mark.parametrize("chain", LOOKUP_CHAINS, ids=[",".join(c) for c in LOOKUP_CHAINS])
+def test_greedy_ids_through_the_lookup_equal_target_only_as_rows_join_and_leave(tiny_pool, chain) -> None:
+    rng = random.Random(5)
+    prompts = repetitive_prompts(rng, 6)
+    news = [rng.randrange(30, 60) for _ in prompts]   # long enough that greedy falls into loops the lookup sees
+    expected = []
+    b = batcher(tiny_pool)
+    b.start()
+    try:
+        for p, n in zip(prompts, news):
+            expected.append(outcome(b.submit(GenerationRequest(p, SamplingParams(), n, chain=("t",), window=1)))
+                            .token_ids)
+    finally:
+        b.stop()
+    proposed = accepted = 0
+
+    def count(batch, report, rows, cycle_ns, auto) -> None:
+        nonlocal proposed, accepted
+        proposed += sum(report.proposed[chain[1]])
+        accepted += sum(report.accepted[chain[1]])
+
+    for window in range(1, 9):
+        b = batcher(tiny_pool, count)
+        b.start()
+        try:
+            # three rows at once, then one joining each time one has left: the batch changes under the lookup
+            handles = {i: b.submit(GenerationRequest(prompts[i], SamplingParams(), news[i], chain=chain,
+                                                     window=window)) for i in range(3)}
+            got = {}
+            for i in range(3, len(prompts)):
+                first = min(handles)
+                got[first] = outcome(handles.pop(first)).token_ids
+                handles[i] = b.submit(GenerationRequest(prompts[i], SamplingParams(), news[i], chain=chain,
+                                                        window=window))
+            got |= {i: outcome(h).token_ids for i, h in handles.items()}
+        finally:
+            b.stop()
+        assert [got[i] for i in range(len(prompts))] == expected, f"window {window}"
+        assert not b.levels[LOOKUP].state_ids(), "the lookup kept rows that left"
+    assert accepted > 0 and proposed > accepted, (proposed, accepted)   # it proposed, and was checked
+
+
+class PassedOffAsUniform:
+    """A lookup whose point-mass proposals are handed up as if drawn from a uniform distribution: the next
+    level then accepts them far too often. A deliberately broken level, for the test's power."""
+
+    def __init__(self, lookup: LookupProposer):
+        self.lookup, self.name = lookup, lookup.name
+
+    def __getattr__(self, item):
+        return getattr(self.lookup, item)
+
+    def draft(self, state_id, level, window, rows, hand_up=True):
+        out = self.lookup.draft(state_id, level, window, rows, hand_up)
+        out.rows = [torch.full((len(t), VOCAB), 1.0 / VOCAB, dtype=torch.float16) if t else None for t in out.tokens]
+        return out
+
+
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]   # the lookup proposes "3 1 2 ..." after it
+PARAMS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5, repetition_penalty=1.2),
+          SamplingParams(temperature=1.0, coupled=True)]
+
+
+def exact_joint(model, params: SamplingParams) -> torch.Tensor:
+    """P(a, b | PROMPT) under the target with the request's processors: [VOCAB, VOCAB]."""
+    s = BatchSampling([params], torch.device("cpu"))
+    with torch.inference_mode():
+        def probs(prefix: list[int]) -> torch.Tensor:
+            logits = model(input_ids=torch.tensor([prefix])).logits[0, -1:].float()
+            history = torch.tensor([prefix])
+            seen = token_presence(history, torch.ones_like(history, dtype=torch.bool), VOCAB)
+            return next_token_probs(logits, s, seen)[0]
+        first = probs(PROMPT)
+        return torch.stack([first[a] * probs(PROMPT + [a]) for a in range(VOCAB)])
+
+
+@pytest.fixture(scope="module")
+def sharp():
+    return tiny_engines(vocab=VOCAB, sharpness=8.0)
+
+
+def sample(workers, chain, params) -> tuple[torch.Tensor, int]:
+    batch = ChainBatch(workers, "t", context_length=256)
+    batch.add([Row(f"r{i}", list(PROMPT), len(PROMPT), dataclasses.replace(params, seed=i), NEW_TOKENS)
+               for i in range(SAMPLES)])
+    accepted = [0]
+    done = run_to_completion(batch, lambda _: (chain, 2),
+                             lambda report: accepted.__setitem__(0, accepted[0] + sum(report.accepted[chain[1]])))
+    counts = torch.zeros(VOCAB, VOCAB)
+    for row in done.values():
+        a, b = row.generated
+        counts[a, b] += 1
+    return counts, accepted[0]
+
+
+# (the small drafter, under the repetition penalty and top-k, almost never keeps a token the lookup copies)
+@pytest.mark.parametrize("chain, params", [((LOOKUP, "t"), PARAMS[0]), ((LOOKUP, "t"), PARAMS[1]),
+                                           ((LOOKUP, "t"), PARAMS[2]), ((LOOKUP, "s", "t"), PARAMS[0]),
+                                           ((LOOKUP, "s", "t"), PARAMS[2])],
+                         ids=["lookup,t-plain", "lookup,t-processors", "lookup,t-coupled", "lookup,s,t-plain",
+                              "lookup,s,t-coupled"])
+def test_sampling_through_the_lookup_matches_the_target(sharp, chain, params) -> None:
+    expected = exact_joint(sharp["t"].forward.model, params)
+    counts, accepted = sample({**sharp, LOOKUP: LookupProposer()}, chain, params)
+    assert accepted > SAMPLES // 20, "the lookup's proposals were hardly ever accepted: the test has no power"
+    assert chi_square_p_value(counts, expected) > P_THRESHOLD
+
+
+def test_the_sampling_test_fails_when_a_point_mass_is_passed_off_as_a_distribution(sharp) -> None:
+    params = PARAMS[0]
+    expected = exact_joint(sharp["t"].forward.model, params)
+    counts, _ = sample({**sharp, LOOKUP: PassedOffAsUniform(LookupProposer())}, (LOOKUP, "t"), params)
+    assert chi_square_p_value(counts, expected) < P_THRESHOLD
+
+
+def test_a_seed_pins_the_text_through_the_lookup(tiny_pool) -> None:
+    """Coupled sampling: the same ids with and without the lookup level, at every window."""
+    params = SamplingParams(temperature=0.9, seed=2**40 + 5, coupled=True)
+    prompt = repetitive_prompts(random.Random(3), 1)[0]
+    texts = set()
+    for chain, window in [(("t",), 1), ((LOOKUP, "t"), 2), ((LOOKUP, "s", "t"), 4), ((LOOKUP, "m", "t"), 7)]:
+        b = batcher(tiny_pool)
+        b.start()
+        try:
+            texts.add(tuple(outcome(b.submit(GenerationRequest(prompt, params, 20, chain=chain, window=window)))
+                            .token_ids))
+        finally:
+            b.stop()
+    assert len(texts) == 1, texts
+
+
+def test_the_lookup_may_only_start_a_chain() -> None:
+    names = [LOOKUP, "s", "m", "t"]
+    assert parse_chain("lookup,s,t", names, "t", drafts_only={LOOKUP}) == (LOOKUP, "s", "t")
+    with pytest.raises(InvalidRequest, match="can only start a chain, as in 'lookup,t'"):
+        parse_chain("s,lookup,t", names, "t", drafts_only={LOOKUP})
+    with pytest.raises(ValueError, match="can only start a chain"):
+        ChainBatch({"s": object(), LOOKUP: LookupProposer(), "t": object()}, "t", 64)._check_chain(("s", LOOKUP, "t"))
