@@ -3,8 +3,11 @@
 A chain may start with it (`lookup,29m`, `lookup,1m,29m`): it proposes the tokens that followed the most
 recent earlier occurrence of the row's last n tokens (n from `max_ngram` down to `min_ngram`), up to the
 window, in the prompt or in the output so far. Text that copies its input (code being edited, tables,
-answers that quote their sources) gets long proposals for no forward pass at all; a row with no match
-proposes nothing, and its next level drafts or verifies it as if the lookup were not there.
+answers that quote their sources) gets long proposals for no forward pass at all. Where the row's own
+tokens match no longer than a few tokens, the rows that ran before it in the router (`RecentRows`,
+bounded) are searched too, for a longer match: requests that repeat one another (agents, templated
+calls) copy each other's outputs. A row with no match proposes nothing, and its next level drafts or
+verifies it as if the lookup were not there.
 
 It is a `Worker` that runs in the router's process: it keeps each row's tokens under the batch's state id
 as a model keeps its KV state (a prefill, then per step a rollback and the pending tokens, and the draft's
@@ -30,12 +33,16 @@ MAX_NGRAM = 3
 MIN_NGRAM = 1
 
 
-def lookup_proposal(tokens: Sequence[int], window: int, max_ngram: int = MAX_NGRAM,
-                    min_ngram: int = MIN_NGRAM) -> list[int]:
+RECENT_TOKENS = 1 << 16   # tokens of earlier rows the lookup keeps for all requests (about 15 MB)
+RECENT_MIN_NGRAM = 3      # a match in another request's tokens must be at least this long
+
+
+def longest_match(tokens: Sequence[int], window: int, max_ngram: int = MAX_NGRAM,
+                  min_ngram: int = MIN_NGRAM) -> tuple[list[int], int]:
     """Up to `window` tokens that followed the most recent earlier occurrence of the last n tokens of
-    `tokens`, for the longest n in [min_ngram, max_ngram] that occurs; [] if none does."""
+    `tokens`, for the longest n in [min_ngram, max_ngram] that occurs, and that n; ([], 0) if none does."""
     if window <= 0 or len(tokens) < min_ngram + 1:
-        return []
+        return [], 0
     seq = np.asarray(tokens, dtype=np.int64)
     for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
         # candidate starts i with seq[i:i+n] == the last n tokens, and i + n < len(seq) (a token follows)
@@ -43,8 +50,72 @@ def lookup_proposal(tokens: Sequence[int], window: int, max_ngram: int = MAX_NGR
         hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return seq[start:start + window].tolist()
-    return []
+            return seq[start:start + window].tolist(), n
+    return [], 0
+
+
+def lookup_proposal(tokens: Sequence[int], window: int, max_ngram: int = MAX_NGRAM,
+                    min_ngram: int = MIN_NGRAM) -> list[int]:
+    """`longest_match`'s proposal alone."""
+    return longest_match(tokens, window, max_ngram, min_ngram)[0]
+
+
+class RecentRows:
+    """The token sequences of the rows that left the router most recently, at most `max_tokens` tokens in
+    all (the oldest go first), indexed by every n-gram they hold for n in [min_ngram, max_ngram]: the n
+    tokens -> where the latest sequence holding them continues. Memory is bounded by `max_tokens`: a
+    sequence that goes takes its index entries with it (those that still point into it). Not thread-safe:
+    its owner serializes the calls."""
+
+    def __init__(self, max_tokens: int = RECENT_TOKENS, max_ngram: int = MAX_NGRAM,
+                 min_ngram: int = RECENT_MIN_NGRAM):
+        if max_tokens < 0 or not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need max_tokens >= 0 and 1 <= min_ngram <= max_ngram, got {max_tokens}, "
+                             f"{min_ngram} and {max_ngram}")
+        self.max_tokens, self.max_ngram, self.min_ngram = max_tokens, max_ngram, min_ngram
+        self._rows: dict[int, tuple[int, ...]] = {}   # sequence number -> its tokens, oldest first
+        self._index: dict[tuple[int, ...], tuple[int, int]] = {}   # n-gram -> (sequence, position after it)
+        self._next = 0
+        self.tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def index_size(self) -> int:
+        return len(self._index)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """A row's tokens (prompt and output) join, and the oldest leave while over the bound."""
+        tokens = tuple(tokens[-self.max_tokens:]) if self.max_tokens else ()
+        if len(tokens) <= self.min_ngram:
+            return
+        number, self._next = self._next, self._next + 1
+        self._rows[number] = tokens
+        self.tokens += len(tokens)
+        for n in range(self.min_ngram, self.max_ngram + 1):
+            for i in range(len(tokens) - n):   # an n-gram with a token after it
+                self._index[tokens[i:i + n]] = (number, i + n)
+        while self.tokens > self.max_tokens:
+            self._evict(next(iter(self._rows)))
+
+    def _evict(self, number: int) -> None:
+        tokens = self._rows.pop(number)
+        self.tokens -= len(tokens)
+        for n in range(self.min_ngram, self.max_ngram + 1):
+            for i in range(len(tokens) - n):
+                key = tokens[i:i + n]
+                if self._index.get(key, (None,))[0] == number:
+                    del self._index[key]
+
+    def match(self, tokens: Sequence[int], window: int, longer_than: int = 0) -> tuple[list[int], int]:
+        """Up to `window` tokens that followed the last n tokens of `tokens` in the latest sequence holding
+        them, for the longest n > `longer_than` in [min_ngram, max_ngram], and that n; ([], 0) if none."""
+        for n in range(min(self.max_ngram, len(tokens)), max(self.min_ngram, longer_than + 1) - 1, -1):
+            found = self._index.get(tuple(tokens[-n:]))
+            if found is not None:
+                number, start = found
+                return list(self._rows[number][start:start + window]), n
+        return [], 0
 
 
 class LookupProposer:
@@ -54,12 +125,14 @@ class LookupProposer:
     remote = False
     parameters = 0
 
-    def __init__(self, name: str = LOOKUP, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM):
+    def __init__(self, name: str = LOOKUP, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
+                 recent_tokens: int = RECENT_TOKENS):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.name = name
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.recent = RecentRows(recent_tokens, max_ngram, min(max_ngram, RECENT_MIN_NGRAM))
         self._states: dict[str, dict[str, list[int]]] = {}   # state id -> row id -> tokens fed so far
         self._lock = threading.Lock()
 
@@ -94,23 +167,33 @@ class LookupProposer:
                                      f"back {r.rollback}")
                 del tokens[len(tokens) - r.rollback:]
                 tokens.extend(r.pending)
-            proposals = [lookup_proposal(tokens, window, self.max_ngram, self.min_ngram) for tokens in histories]
+            proposals = [self._propose(tokens, window) for tokens in histories]
             for tokens, proposal in zip(histories, proposals):   # cached as a model caches its draft: all but
                 tokens.extend(proposal[:-1])                      # the last token, which it never fed
         return StepResult(tokens=proposals, rows=[None] * len(rows))
+
+    def _propose(self, tokens: list[int], window: int) -> list[int]:
+        """The row's own longest match, or a longer one in the rows that ran before it."""
+        proposal, n = longest_match(tokens, window, self.max_ngram, self.min_ngram)
+        if n < self.max_ngram:
+            elsewhere, m = self.recent.match(tokens, window, longer_than=n)
+            if m > n:
+                return elsewhere
+        return proposal
 
     def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:
         raise ValueError(f"{self.name!r} drafts only: it can start a chain, never verify")
 
     def release(self, state_id: str, row_ids: Sequence[str] | None = None) -> None:
+        """The rows leave; their tokens join `recent` (a row released to be rebuilt joins it too: a
+        hint only, like every proposal)."""
         with self._lock:
-            if row_ids is None:
-                self._states.pop(state_id, None)
-                return
             state = self._states.get(state_id)
             if state is None:
                 return
-            for row_id in row_ids:
-                state.pop(row_id, None)
+            for row_id in list(state) if row_ids is None else row_ids:
+                tokens = state.pop(row_id, None)
+                if tokens is not None:
+                    self.recent.add(tokens)
             if not state:
                 del self._states[state_id]

@@ -96,7 +96,8 @@ class Router:
         self.admission = Admission(settings.max_in_flight, settings.max_queued)
         self.prometheus = RouterMetrics(self.admission)   # served at /metrics by the router's main
         replicas.on_join(self._observe)
-        self.levels = {LOOKUP: LookupProposer()} if settings.lookup else {}   # levels with no model
+        self.levels = ({LOOKUP: LookupProposer(recent_tokens=settings.lookup_recent_tokens)}   # levels with no model
+                       if settings.lookup else {})
         self.chain_names = [*self.levels, *self.by_size]
         default = parse_chain(settings.default_chain, self.chain_names, self.target,
                               self.levels) if settings.default_chain else None

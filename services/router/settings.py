@@ -41,6 +41,9 @@ class RouterSettings(BaseSettings):
     # whatever the chain); one without samples coupled too when this is on, else by speculative sampling
     couple_unseeded: bool = False
     lookup: bool = True   # named chains may start with the model-free lookup level ("lookup,29m")
+    # tokens of earlier requests the lookup also copies from (0: each request's own only; a request that
+    # repeats another's text then runs faster, which tenants who must not learn of each other's text may see)
+    lookup_recent_tokens: int = Field(1 << 16, ge=0)
     # admission: a request over one of the first three is refused (INVALID_ARGUMENT); one that finds
     # max_in_flight requests generating waits in a line of max_queued, and beyond it is refused
     # (RESOURCE_EXHAUSTED). Unary calls and streams count alike.

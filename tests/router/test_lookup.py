@@ -17,7 +17,7 @@ import torch
 from specrouter.router.batcher import Batcher
 from specrouter.router.chain import ChainBatch, Row, run_to_completion
 from specrouter.router.handles import Failed, Finished
-from specrouter.router.lookup import LOOKUP, LookupProposer, lookup_proposal
+from specrouter.router.lookup import LOOKUP, LookupProposer, RecentRows, lookup_proposal
 from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain
 from specrouter.worker.calls import RowStep, SamplingParams
 from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
@@ -55,6 +55,48 @@ def test_the_lookup_keeps_each_rows_tokens_as_a_model_keeps_its_state() -> None:
     assert lk.state_ids() == []
 
 
+def test_recent_rows_stay_within_their_bound_and_forget_what_left() -> None:
+    recent = RecentRows(max_tokens=100, max_ngram=3, min_ngram=2)
+    recent.add([1, 2, 3, 4, 5, 6])
+    assert recent.match([9, 2, 3], 3) == ([4, 5, 6], 2)
+    assert recent.match([1, 2, 3], 2, longer_than=2) == ([4, 5], 3)
+    assert recent.match([9, 2, 3], 3, longer_than=2) == ([], 0)
+    recent.add([7, 2, 3, 8])
+    assert recent.match([2, 3], 4) == ([8], 2)            # the latest row that holds the n-gram
+    rng = random.Random(1)
+    for _ in range(50):
+        recent.add([rng.randrange(1000, 2000) for _ in range(rng.randrange(5, 60))])
+        assert recent.tokens <= 100
+        assert recent.index_size() <= 2 * recent.tokens   # one entry per n-gram and n at most
+    assert recent.match([1, 2, 3], 3) == ([], 0) and recent.match([7, 2, 3], 3) == ([], 0)   # long gone
+    assert all(number in recent._rows for number, _ in recent._index.values())
+    with pytest.raises(ValueError):
+        RecentRows(max_tokens=10, max_ngram=2, min_ngram=3)
+
+
+@pytest.mark.parametrize("recent_tokens", [1 << 16, 0])
+def test_a_request_that_repeats_an_earlier_one_copies_its_output(tiny_pool, recent_tokens) -> None:
+    """Greedy, the same prompt twice through `lookup -> target`: the second run finds the first one's
+    tokens in the lookup's recent rows and emits the same ids in fewer cycles; with no recent rows kept,
+    the two runs make the same proposals and cycles."""
+    prompt = random.Random(9).sample(range(1, 64), 12)
+    cycles: list[int] = []
+    b = batcher(tiny_pool, lambda batch, report, rows, ns, auto: cycles.append(len(rows)),
+                LookupProposer(recent_tokens=recent_tokens))
+    b.start()
+    try:
+        runs = []
+        for _ in range(2):
+            before = len(cycles)
+            out = outcome(b.submit(GenerationRequest(prompt, SamplingParams(), 40, chain=(LOOKUP, "t"), window=7)))
+            runs.append((out.token_ids, len(cycles) - before))
+    finally:
+        b.stop()
+    (first, first_cycles), (second, second_cycles) = runs
+    assert second == first
+    assert second_cycles < first_cycles if recent_tokens else second_cycles == first_cycles, runs
+
+
 def repetitive_prompts(rng: random.Random, n: int) -> list[list[int]]:
     """Prompts that repeat a phrase of their own, so the lookup finds matches (the tiny pool's vocabulary
     is 64)."""
@@ -65,9 +107,9 @@ def repetitive_prompts(rng: random.Random, n: int) -> list[list[int]]:
     return out
 
 
-def batcher(pool, on_cycle=None) -> Batcher:
+def batcher(pool, on_cycle=None, lookup: LookupProposer | None = None) -> Batcher:
     return Batcher(pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window),
-                   on_cycle_done=on_cycle, levels={LOOKUP: LookupProposer()})
+                   on_cycle_done=on_cycle, levels={LOOKUP: lookup or LookupProposer()})
 
 
 def outcome(handle) -> Finished:
