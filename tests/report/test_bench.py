@@ -18,10 +18,11 @@ from specrouter.report.bench import (SWITCHING, Bench, BenchError, BenchReport, 
                                      ServiceConfig, check_kinds, requests_for, workloads)
 from specrouter.report.bench_format import (check_lines, column_labels, format_markdown, report_json,
                                             write_chart)
-from specrouter.report.bench_results import (ADAPTIVE, FAIL, HF_TARGET, IN_PROCESS, NOT_RUN, PASS, SERVICES,
-                                             SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO, BreakdownSum, Cell, Entry,
-                                             Mismatch, Screened, Spread, agreeing, assisted_label, evaluate_checks,
-                                             find_mismatches, first_difference, set_ratios)
+from specrouter.report.bench_results import (ADAPTIVE, FAIL, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS, LOOKUP_CHAIN,
+                                             NOT_RUN, PASS, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
+                                             BreakdownSum, Cell, Entry, Mismatch, Screened, Spread, agreeing,
+                                             assisted_label, evaluate_checks, find_mismatches, first_difference,
+                                             set_ratios)
 from specrouter.report.workloads import Prompt
 from tests.conftest import DEMO_POOL
 
@@ -214,7 +215,7 @@ class _FakeBench(Bench):
     def __init__(self, wrong: ServiceConfig | None = None):   # no client, no models
         self.settings = BenchSettings(kinds=("code",), batch_sizes=(1,), requests=2, rounds=2, windows=(2, 3))
         self.models = [ModelRow("s", 1, "drafter"), ModelRow("m", 5, "drafter"), ModelRow("t", 29, "target")]
-        self.target, self.drafters = "t", ["s", "m"]
+        self.target, self.drafters, self.lookup = "t", ["s", "m"], "lookup"
         self.wrong, self.calls = wrong, []
         self.progress = _CountingProgress()
 
@@ -252,7 +253,7 @@ def test_plan_picks_the_smallest_drafters_best_window_and_the_best_two_level() -
     plan = bench.plan(screened)
     assert plan == {TMO: ServiceConfig(("t",), 0), SSD_SMALLEST: ServiceConfig(("s", "t"), 3),
                     SSD_TUNED: ServiceConfig(("m", "t"), 2), THREE_LEVEL: ServiceConfig(("s", "m", "t"), 4),
-                    ADAPTIVE: ServiceConfig(None, 0)}
+                    LOOKUP_CHAIN: ServiceConfig(("lookup", "t"), 8), ADAPTIVE: ServiceConfig(None, 0)}
 
 
 def test_a_cell_screens_then_runs_interleaved_rounds_and_checks_every_run() -> None:
@@ -263,14 +264,15 @@ def test_a_cell_screens_then_runs_interleaved_rounds_and_checks_every_run() -> N
     assert mismatches == []
     assert [s.window for s in cell.screening] == [2, 3, 2, 3]
     labels = [e.label for e in cell.entries]
-    assert labels == [TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, ADAPTIVE, HF_TARGET, "hf-assisted:s", "hf-assisted:m"]
+    assert labels == [TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE, HF_TARGET, "hf-assisted:s",
+                      "hf-assisted:m", HF_PROMPT_LOOKUP]
     assert all(len(e.tokens_per_s.runs) == 2 for e in cell.entries)
     assert cell.entry(SSD_TUNED).chain == ["m", "t"] and cell.entry(SSD_TUNED).window == 2
     assert cell.entry(HF_TARGET).agrees_with_tmo == 2
     assert cell.entry(TMO).breakdown is None            # the fake stats carry no breakdown: unavailable
-    # warm-up + 4 screenings + 2 rounds of 5 services configurations and 3 peers
-    assert len(bench.calls) == 1 + 4 + 2 * 8
-    first_round, second_round = bench.calls[5:13], bench.calls[13:]
+    # warm-up + 4 screenings + 2 rounds of 6 services configurations and 4 peers
+    assert len(bench.calls) == 1 + 4 + 2 * 10
+    first_round, second_round = bench.calls[5:15], bench.calls[15:]
     assert set(map(str, first_round)) == set(map(str, second_round)) and first_round != second_round  # shuffled
     assert bench.progress.done == bench.progress.total
 
@@ -417,7 +419,8 @@ def test_bench_end_to_end_through_a_local_cluster() -> None:
     assert [(c.kind, c.batch_size, c.requests) for c in report.cells] == [("code", 1, 2)]
     cell = report.cells[0]
     labels = {e.label for e in cell.entries}
-    assert {TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, ADAPTIVE, HF_TARGET} <= labels
+    assert {TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE, HF_TARGET, HF_PROMPT_LOOKUP} <= labels
+    assert cell.entry(LOOKUP_CHAIN).chain[0] == "lookup"
     assert {assisted_label(m.name) for m in report.models if m.role != "target"} <= labels
     assert len(cell.screening) == len(report.models) - 1                # every two-level chain at window 2
     assert report.mismatches == []
@@ -427,7 +430,7 @@ def test_bench_end_to_end_through_a_local_cluster() -> None:
         if e.path == SERVICES and not e.same_as:
             b = e.breakdown
             assert b is not None, f"{e.label}: the results carry no stats.breakdown"
-            assert b.cycles > 0 and set(b.forward_ms) <= {m.name for m in report.models}
+            assert b.cycles > 0 and set(b.forward_ms) <= {m.name for m in report.models} | {"lookup"}
             assert b.forward_ms[[m.name for m in report.models if m.role == "target"][0]] > 0
     assert cell.entry(HF_TARGET).agrees_with_tmo is not None
     json.dumps(report_json(report))

@@ -4,11 +4,12 @@ Per workload kind and batch size (a cell), the same prompts run under every conf
 
 - through the services (the SDK client; at batch B, B requests in flight from B threads): target-only
   (TMO); the smallest drafter and the target at its best window (SSD-smallest); the best static
-  two-level chain and window (SSD-tuned); every model smallest first at one window (three-level); and
-  the adaptive scheduler (chain `auto`);
+  two-level chain and window (SSD-tuned); every model smallest first at one window (three-level); the
+  router's lookup level before the target (lookup), where the router has it; and the adaptive scheduler
+  (chain `auto`);
 - in this process with transformers (`peers`): target-only `generate` at batch 1 (every ratio's
-  reference), assisted generation with each drafter (batch 1), and batched target-only `generate` at
-  B > 1 (the reference of those cells).
+  reference), assisted generation with each drafter and prompt lookup (batch 1), and batched target-only
+  `generate` at B > 1 (the reference of those cells).
 
 The design, in order per cell:
 1. warm-up: one unmeasured adaptive run of the first wave, so its metrics know the workload;
@@ -34,12 +35,13 @@ from pathlib import Path
 from specrouter.client import Client
 from specrouter.report import peers as hf
 from specrouter.report.bench_results import (
-    ADAPTIVE, HF_TARGET, IN_PROCESS, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO, Breakdown, BreakdownSum, Cell,
-    Check, Entry, Mismatch, Screened, Spread, agreeing, assisted_label, evaluate_checks, find_mismatches, set_ratios,
-    tokens_per_s)
+    ADAPTIVE, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL,
+    TMO, Breakdown, BreakdownSum, Cell, Check, Entry, Mismatch, Screened, Spread, agreeing, assisted_label,
+    evaluate_checks, find_mismatches, set_ratios, tokens_per_s)
 from specrouter.report.inflight import in_flight
 from specrouter.report.scheduler_results import Config as ServiceConfig   # (chain or None for adaptive, window)
 from specrouter.report.workloads import Prompt, by_kind
+from specrouter.router.lookup import LOOKUP
 
 SWITCHING = "switching"
 DEFAULT_KINDS = ("code", "repetitive", "prose", SWITCHING)
@@ -58,6 +60,7 @@ class BenchSettings:
     rounds: int = 3
     windows: Sequence[int] = (2, 3, 4, 5, 6)
     three_level_window: int = 4
+    lookup_window: int = 8            # of the lookup chain (lookup -> target), where the router has the level
     screening_waves: int = 2          # waves of a cell the screening runs over
     seed: int = 1234
     device: str = "cpu"               # where the local cluster's workers and the in-process peers run
@@ -163,6 +166,7 @@ class Bench:
                              f"{sorted(peers.models)} (target {peers.target}); give --pool the router's pool")
         self.target = target
         self.drafters = [m.name for m in self.models if m.name != target]
+        self.lookup = next((m.name for m in self.client.models(levels=True) if m.name == LOOKUP), None)
 
     # -- the configurations -------------------------------------------------------------------
 
@@ -186,15 +190,19 @@ class Bench:
             plan[SSD_TUNED] = ServiceConfig(tuple(best.chain), best.window)
         if self.three_level() is not None:
             plan[THREE_LEVEL] = self.three_level()
+        if self.lookup is not None:
+            plan[LOOKUP_CHAIN] = ServiceConfig((self.lookup, self.target), self.settings.lookup_window)
         plan[ADAPTIVE] = ServiceConfig(None, 0)
         return plan
 
     def planned_labels(self) -> int:
         """Services configurations of a cell before the screening's picks are deduplicated."""
-        return 2 + (2 if self.drafters else 0) + (self.three_level() is not None)
+        return 2 + (2 if self.drafters else 0) + (self.three_level() is not None) + (self.lookup is not None)
 
     def peer_labels(self, batch: int) -> list[str]:
-        return [HF_TARGET, *(assisted_label(d) for d in self.drafters)] if batch == 1 else [HF_TARGET]
+        if batch > 1:
+            return [HF_TARGET]
+        return [HF_TARGET, *(assisted_label(d) for d in self.drafters), HF_PROMPT_LOOKUP]
 
     def planned_waves(self, w: Workload) -> int:
         """Generate waves of a cell before the screening dedupes: warm-up, screening, rounds."""
@@ -227,6 +235,8 @@ class Bench:
             outputs = [o for wave in waves for o in hf.generate_batched(self.peers, wave, n)]
         elif label == HF_TARGET:
             outputs = [hf.generate_target(self.peers, p, n) for p in ids]
+        elif label == HF_PROMPT_LOOKUP:
+            outputs = [hf.generate_prompt_lookup(self.peers, p, n) for p in ids]
         else:
             drafter = label.split(":", 1)[1]
             outputs = [hf.generate_assisted(self.peers, drafter, p, n) for p in ids]
@@ -239,6 +249,7 @@ class Bench:
         hf.generate_batched(self.peers, [ids, ids[1:] or ids], WARMUP_TOKENS)
         for d in self.drafters:
             hf.generate_assisted(self.peers, d, ids, WARMUP_TOKENS)
+        hf.generate_prompt_lookup(self.peers, ids, WARMUP_TOKENS)
 
     def screen(self, w: Workload, runs: dict[str, list[list[list[int]]]]) -> list[Screened]:
         """Every two-level chain at every window once over the first waves; outputs kept for the check."""

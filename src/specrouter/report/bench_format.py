@@ -16,11 +16,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from specrouter.report.bench import BenchReport
-from specrouter.report.bench_results import (ADAPTIVE, HF_ASSISTED, HF_TARGET, IN_PROCESS, NOT_RUN, PASS,
-                                             SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO, Breakdown, Cell, Entry)
+from specrouter.report.bench_results import (ADAPTIVE, HF_ASSISTED, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS,
+                                             LOOKUP_CHAIN, NOT_RUN, PASS, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL,
+                                             TMO, Breakdown, Cell, Entry)
 from specrouter.report.chart import name_shortener
 
-SERVICES_ORDER = (TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, ADAPTIVE)
+SERVICES_ORDER = (TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE)
 SCREENING_SHOWN = 5        # fastest screened configurations listed per cell
 PANEL_WIDTH_IN, PANEL_HEIGHT_IN, DPI = 6, 3.5, 100
 SERVICES_COLOUR, IN_PROCESS_COLOUR, ADAPTIVE_COLOUR = "#4a6a8a", "#d08c2c", "#2e9a5c"
@@ -36,6 +37,7 @@ def column_labels(cells: Sequence[Cell]) -> list[str]:
     present = list(dict.fromkeys(e.label for c in cells for e in c.entries))
     peers = [HF_TARGET] if HF_TARGET in present else []
     peers += sorted(label for label in present if label.startswith(HF_ASSISTED))
+    peers += [HF_PROMPT_LOOKUP] if HF_PROMPT_LOOKUP in present else []
     return peers + [label for label in SERVICES_ORDER if label in present]
 
 

@@ -20,9 +20,11 @@ TMO = "TMO"                       # target-only through the services
 SSD_SMALLEST = "SSD-smallest"     # the smallest drafter and the target, at its best screened window
 SSD_TUNED = "SSD-tuned"           # the best static two-level chain and window of the screening
 THREE_LEVEL = "three-level"       # every model, smallest first, at the --three-level-window
+LOOKUP_CHAIN = "lookup"           # the router's lookup level (no model) and the target, at the --lookup-window
 ADAPTIVE = "adaptive"             # chain "auto", window 0
 HF_TARGET = "hf-generate"         # transformers target-only generate (batched at B > 1)
 HF_ASSISTED = "hf-assisted"       # transformers assisted generation; the drafter follows the colon
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"   # transformers prompt lookup (`prompt_lookup_num_tokens`), batch 1
 SERVICES, IN_PROCESS = "services", "in-process"
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "not run"

@@ -130,6 +130,7 @@ def bench(
     rounds: int = typer.Option(3, help="Interleaved measured rounds (median and range reported)."),
     windows: str = typer.Option("2,3,4,5,6", help="Draft windows the two-level screening searches."),
     three_level_window: int = typer.Option(4, help="Draft window of the three-level chain."),
+    lookup_window: int = typer.Option(8, help="Draft window of the lookup chain (lookup -> target)."),
     redis_url: str = typer.Option(None, help="Redis for the local cluster's profiler (default: in memory)."),
     device: str = typer.Option("cpu", help="Device of the local cluster's workers and of the in-process peers "
                                            "(cpu, cuda, cuda:1, ...); with --router, that router's workers' device."),
@@ -156,6 +157,8 @@ def bench(
         fail("INVALID_ARGUMENT", "--requests, --max-new-tokens and --rounds must be >= 1")
     if not 1 <= three_level_window <= MAX_WINDOW:
         fail("INVALID_ARGUMENT", f"--three-level-window takes 1 to {MAX_WINDOW}, got {three_level_window}")
+    if not 1 <= lookup_window <= MAX_WINDOW:
+        fail("INVALID_ARGUMENT", f"--lookup-window takes 1 to {MAX_WINDOW}, got {lookup_window}")
     sizes, searched = int_list(batch_sizes, "batch-sizes"), int_list(windows, "windows", most=MAX_WINDOW)
     try:
         items = workloads.load_prompts(prompts) if prompts else workloads.builtin_prompts(BENCH_PER_KIND)
@@ -177,7 +180,8 @@ def bench(
         fail("INVALID_ARGUMENT", str(exc))
     settings = BenchSettings(kinds=tuple(asked), batch_sizes=tuple(sizes), requests=requests,
                              max_new_tokens=max_new_tokens, rounds=rounds, windows=tuple(searched),
-                             three_level_window=three_level_window, device=device, dtype=dtype)
+                             three_level_window=three_level_window, lookup_window=lookup_window,
+                             device=device, dtype=dtype)
     quiet_transformers()
     try:
         with RichProgress() as progress:

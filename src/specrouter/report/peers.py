@@ -8,6 +8,8 @@ tokenizer's EOS, which is kept, or after `max_new_tokens`, or where the context 
 - `generate_assisted`: transformers' assisted generation with a drafter as `assistant_model=` (batch 1
   only, as transformers supports it), at transformers' own defaults for the assistant (the draft length
   and the confidence threshold a user gets without tuning);
+- `generate_prompt_lookup`: transformers' prompt lookup (`prompt_lookup_num_tokens=10`, as its
+  documentation suggests; no draft model), batch 1;
 - `generate_batched`: target-only `model.generate` over a batch, left padded, with an attention mask;
   a row that finished early is padded to the batch's end, and its tokens after EOS are dropped.
 """
@@ -88,13 +90,22 @@ def generate_assisted(peers: PeerModels, drafter: str, prompt_ids: Sequence[int]
     return _generate_one(peers, prompt_ids, max_new_tokens, assistant=peers.models[drafter])
 
 
+PROMPT_LOOKUP_TOKENS = 10
+
+
+def generate_prompt_lookup(peers: PeerModels, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy generation with transformers' prompt lookup: its new token ids."""
+    return _generate_one(peers, prompt_ids, max_new_tokens, assistant=None,
+                         extra={"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS})
+
+
 def _generate_one(peers: PeerModels, prompt_ids: Sequence[int], max_new_tokens: int,
-                  assistant: PreTrainedModel | None) -> list[int]:
+                  assistant: PreTrainedModel | None, extra: dict | None = None) -> list[int]:
     limit = room(len(prompt_ids), max_new_tokens, peers.context_length())
     if limit == 0:
         return []
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=peers.device)   # [1, prompt]
-    extra = {} if assistant is None else {"assistant_model": assistant}
+    extra = dict(extra or {}) | ({} if assistant is None else {"assistant_model": assistant})
     with torch.inference_mode():
         out = peers.models[peers.target].generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                                   **_greedy(limit, peers.eos_token_id), **extra)
