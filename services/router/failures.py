@@ -47,7 +47,7 @@ class OutOfMemory(RuntimeError):
 
 def out_of_memory(cause: BaseException) -> bool:
     """Whether a worker's error says it ran out of memory: RESOURCE_EXHAUSTED from a remote worker, the
-    allocator's own error (torch's OutOfMemoryError, MemoryError) from an engine in this process. Such a call
+    allocator's own error (`protocol.out_of_memory`) from an engine in this process. Such a call
     may have stopped half way through, so the rows' states on that worker are no longer known."""
     return _code(cause) == grpc.StatusCode.RESOURCE_EXHAUSTED
 

@@ -295,7 +295,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             pb.ModelInfo(name=n, parameters=r.replicas.reference(n).info.parameters,
                          role="target" if n == r.target else "draft",
                          address=",".join(r.replicas.addresses(n)))
-            for n in r.by_size], levels=[pb.ModelInfo(name=n, parameters=0, role="draft") for n in r.levels])
+            for n in r.by_size], levels=[pb.ModelInfo(name=n, parameters=0, role="lookup") for n in r.levels])
 
     def Schedule(self, request, context):
         _refuse_undecodable(request, context)

@@ -144,6 +144,7 @@ class WorkerEngine:
             tokens, valid = _pad([t for _, t in rows], self.forward.device)
             timings = []
             guesses: list[list[int]] = [[] for _ in ids]
+            predictions = min(predictions, tokens.shape[1])   # a row has no more positions than its tokens
             if tokens.shape[1]:
                 logits, timing = self.forward(fresh, tokens, valid, logits_at=_last_columns(valid, predictions))
                 timings.append(timing)

@@ -123,10 +123,20 @@ def failed_rows_from_metadata(metadata) -> tuple[str, ...]:
     return ()
 
 
+CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
+
+
+def out_of_memory(exc: Exception) -> bool:
+    """Whether `exc` is the device running out of memory: Python's MemoryError, torch's OutOfMemoryError
+    (CUDA), or the RuntimeError torch's CPU allocator raises when the system refuses an allocation."""
+    return (isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+            or (isinstance(exc, RuntimeError) and CPU_ALLOCATION_FAILED in str(exc)))
+
+
 def status_for(exc: Exception) -> grpc.StatusCode:
     """The one place where a call's errors become gRPC status codes: the worker's server answers with it, and
     the router reads an engine's error in process with it as it would the status over the wire."""
-    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):   # the router makes the batch smaller
+    if out_of_memory(exc):   # the router makes the batch smaller
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, UnknownStateError):
         return grpc.StatusCode.NOT_FOUND

@@ -23,19 +23,29 @@ def finish(handle, timeout: float = 60.0) -> Finished:
             return event
 
 
+class HeldPrefill:
+    """The target's next prefill waits, once it has begun (`entered`), until the test lets it go (`release`);
+    the prefills after it run at once."""
+
+    def __init__(self, target):
+        self.target, self.prefill = target, target.prefill
+        self.entered, self.release = threading.Event(), threading.Event()
+        target.prefill = self._held
+
+    def _held(self, state_id, rows, predictions=0):
+        self.target.prefill = self.prefill
+        self.entered.set()
+        assert self.release.wait(30), "the test never let the prefill finish"
+        return self.prefill(state_id, rows, predictions)
+
+    def restore(self) -> None:
+        self.target.prefill = self.prefill
+
+
 def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_pool) -> None:
     """Clients that send together arrive a few ms apart; the second must not wait out a cycle of the
     first alone (at batch 4 every wave began with one-row cycles, on a window planned for one row)."""
-    target = tiny_pool["t"]
-    prefill = target.prefill
-    entered, release = threading.Event(), threading.Event()
-
-    def slow_prefill(state_id, rows, predictions=0):
-        entered.set()
-        assert release.wait(30), "the test never let the prefill finish"
-        return prefill(state_id, rows, predictions)
-
-    target.prefill = slow_prefill
+    held = HeldPrefill(tiny_pool["t"])
     sizes: list[int] = []
     batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window),
                       on_cycle_done=lambda batch, report, rows, ns, auto: sizes.append(len(rows)))
@@ -43,13 +53,12 @@ def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_poo
     try:
         request = GenerationRequest([5, 9, 3], SamplingParams(), 6, chain=("s", "t"), window=2)
         first = batcher.submit(request)
-        assert entered.wait(30)
-        target.prefill = prefill
+        assert held.entered.wait(30)
         second = batcher.submit(GenerationRequest([7, 1], SamplingParams(), 6, chain=("s", "t"), window=2))
-        release.set()
+        held.release.set()
         assert len(finish(first).token_ids) == len(finish(second).token_ids) == 6
     finally:
-        target.prefill = prefill
+        held.restore()
         batcher.stop()
     assert sizes[0] == 2, f"the first cycle ran {sizes[0]} row(s); batch sizes by cycle: {sizes}"
 
@@ -57,30 +66,20 @@ def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_poo
 def test_a_request_cancelled_before_it_is_admitted_still_ends(tiny_pool) -> None:
     """A client that cancels while its request waits in the inbox (the loop busy with a prefill) gets its
     CancelledError like any other; the request beside it finishes."""
-    target = tiny_pool["t"]
-    prefill = target.prefill
-    entered, release = threading.Event(), threading.Event()
-
-    def slow_prefill(state_id, rows, predictions=0):
-        entered.set()
-        assert release.wait(30), "the test never let the prefill finish"
-        return prefill(state_id, rows, predictions)
-
-    target.prefill = slow_prefill
+    held = HeldPrefill(tiny_pool["t"])
     batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window))
     batcher.start()
     try:
         first = batcher.submit(GenerationRequest([5, 9, 3], SamplingParams(), 6, chain=("t",), window=1))
-        assert entered.wait(30)
-        target.prefill = prefill
+        assert held.entered.wait(30)
         second = batcher.submit(GenerationRequest([7, 1], SamplingParams(), 6, chain=("t",), window=1))
         second.cancel()
-        release.set()
+        held.release.set()
         assert len(finish(first).token_ids) == 6
         with pytest.raises(CancelledError):
             finish(second, timeout=30)
     finally:
-        target.prefill = prefill
+        held.restore()
         batcher.stop()
 
 

@@ -8,21 +8,19 @@ that must fail: the lookup's point-mass proposal passed off as drawn from a unif
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 import torch
 
 from specrouter.router.batcher import Batcher
-from specrouter.router.chain import ChainBatch, Row, run_to_completion
+from specrouter.router.chain import ChainBatch
 from specrouter.router.handles import Failed, Finished
 from specrouter.router.lookup import LOOKUP, LookupProposer, RecentRows, lookup_proposal
 from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain
 from specrouter.worker.calls import RowStep, SamplingParams
-from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
 from tests.conftest import tiny_engines
-from tests.router.test_chain_sampling import NEW_TOKENS, P_THRESHOLD, SAMPLES, VOCAB
+from tests.router.test_chain_sampling import P_THRESHOLD, SAMPLES, VOCAB, exact_joint, sample_chain
 from tests.stats import chi_square_p_value
 
 CONTEXT = 256
@@ -184,35 +182,17 @@ PARAMS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k
           SamplingParams(temperature=1.0, coupled=True)]
 
 
-def exact_joint(model, params: SamplingParams) -> torch.Tensor:
-    """P(a, b | PROMPT) under the target with the request's processors: [VOCAB, VOCAB]."""
-    s = BatchSampling([params], torch.device("cpu"))
-    with torch.inference_mode():
-        def probs(prefix: list[int]) -> torch.Tensor:
-            logits = model(input_ids=torch.tensor([prefix])).logits[0, -1:].float()
-            history = torch.tensor([prefix])
-            seen = token_presence(history, torch.ones_like(history, dtype=torch.bool), VOCAB)
-            return next_token_probs(logits, s, seen)[0]
-        first = probs(PROMPT)
-        return torch.stack([first[a] * probs(PROMPT + [a]) for a in range(VOCAB)])
-
-
 @pytest.fixture(scope="module")
 def sharp():
     return tiny_engines(vocab=VOCAB, sharpness=8.0)
 
 
 def sample(workers, chain, params) -> tuple[torch.Tensor, int]:
-    batch = ChainBatch(workers, "t", context_length=256)
-    batch.add([Row(f"r{i}", list(PROMPT), len(PROMPT), dataclasses.replace(params, seed=i), NEW_TOKENS)
-               for i in range(SAMPLES)])
+    """The two new tokens' counts over SAMPLES seeds through `chain` at window 2, and the lookup's proposed
+    tokens its next level accepted."""
     accepted = [0]
-    done = run_to_completion(batch, lambda _: (chain, 2),
-                             lambda report: accepted.__setitem__(0, accepted[0] + sum(report.accepted[chain[1]])))
-    counts = torch.zeros(VOCAB, VOCAB)
-    for row in done.values():
-        a, b = row.generated
-        counts[a, b] += 1
+    counts = sample_chain(workers, chain, 2, params, PROMPT,
+                          lambda report: accepted.__setitem__(0, accepted[0] + sum(report.accepted[chain[1]])))
     return counts, accepted[0]
 
 
@@ -223,7 +203,7 @@ def sample(workers, chain, params) -> tuple[torch.Tensor, int]:
                          ids=["lookup,t-plain", "lookup,t-processors", "lookup,t-coupled", "lookup,s,t-plain",
                               "lookup,s,t-coupled"])
 def test_sampling_through_the_lookup_matches_the_target(sharp, chain, params) -> None:
-    expected = exact_joint(sharp["t"].forward.model, params)
+    expected = exact_joint(sharp["t"].forward.model, params, PROMPT)
     counts, accepted = sample({**sharp, LOOKUP: LookupProposer()}, chain, params)
     assert accepted > SAMPLES // 20, "the lookup's proposals were hardly ever accepted: the test has no power"
     assert chi_square_p_value(counts, expected) > P_THRESHOLD
@@ -231,7 +211,7 @@ def test_sampling_through_the_lookup_matches_the_target(sharp, chain, params) ->
 
 def test_the_sampling_test_fails_when_a_point_mass_is_passed_off_as_a_distribution(sharp) -> None:
     params = PARAMS[0]
-    expected = exact_joint(sharp["t"].forward.model, params)
+    expected = exact_joint(sharp["t"].forward.model, params, PROMPT)
     counts, _ = sample({**sharp, LOOKUP: PassedOffAsUniform(LookupProposer())}, (LOOKUP, "t"), params)
     assert chi_square_p_value(counts, expected) < P_THRESHOLD
 

@@ -117,6 +117,10 @@ def test_a_row_that_does_not_fit_alone_ends_resource_exhausted(pool) -> None:
 def test_a_remote_worker_answers_resource_exhausted_and_the_batch_shrinks(pool) -> None:
     assert worker_status_for(torch.OutOfMemoryError("x")) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert worker_status_for(MemoryError()) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(RuntimeError) as refused:   # the CPU allocator, asked for more than the system gives
+        torch.empty(2**62, dtype=torch.uint8)
+    assert worker_status_for(refused.value) == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+    assert worker_status_for(RuntimeError("shape mismatch")) == grpc.StatusCode.INTERNAL
     reference = tokens(run(pool, requests(("s", "t"), 3))[0])
     raised = exhaust(pool["s"], "draft", lambda level, window, rows: len(rows) > 1)
     with served(pool) as remotes:

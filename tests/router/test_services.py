@@ -355,7 +355,9 @@ def test_cli_generate_json_models_and_errors(cluster) -> None:
     assert {"text", "token_ids", "finish_reason", "cycles", "chain_counts", "accepted_per_level"} <= set(data)
     assert len(data["token_ids"]) == 8 and data["finish_reason"] == "length"
     models = json.loads(run("models", "--router", address, "--json").stdout)
-    assert [m["role"] for m in models].count("target") == 1 and all(m["parameters"] > 0 for m in models)
+    assert [m["role"] for m in models].count("target") == 1
+    assert all(m["parameters"] > 0 for m in models if m["role"] != "lookup")
+    assert [(m["name"], m["parameters"]) for m in models if m["role"] == "lookup"] == [("lookup", 0)]
     bad = run("generate", "--router", address, "--chain", "nope", "x")
     assert bad.returncode != 0 and "INVALID_ARGUMENT" in bad.stderr and "Traceback" not in bad.stderr
 

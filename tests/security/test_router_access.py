@@ -128,7 +128,7 @@ def test_the_command_line_over_tls_with_a_token(pki, tls_router, plain_tokens, t
     path = tmp_path / "token"
     path.write_text(TOKEN)
     done = _cli("models", "--router", tls_router, "--tls-ca", str(pki.ca), "--token-file", str(path), "--json")
-    assert done.returncode == 0 and {m["name"] for m in json.loads(done.stdout)} == {DRAFTER, TARGET}
+    assert done.returncode == 0 and {m["name"] for m in json.loads(done.stdout)} == {DRAFTER, TARGET, "lookup"}
     refused = _cli("models", "--router", tls_router, "--tls-ca", str(pki.ca))
     assert refused.returncode == 1 and "error: UNAUTHENTICATED: this router requires a bearer token" in refused.stderr
     healthy = _cli("healthcheck", tls_router, "--tls-ca", str(pki.ca))

@@ -106,6 +106,8 @@ def test_prefill_returns_the_models_guesses_on_the_prompt() -> None:
         want = [model(torch.tensor([p])).logits[0].argmax(-1).tolist() for p in (long, short)]
     assert out.tokens == [want[0][-4:], want[1]]       # the short row has only 2 positions
     assert e.prefill("u", [("a", long)]).tokens == [[]]  # none asked for, none computed
+    # more than a row has positions: each row's every position, not a tensor of that many columns
+    assert e.prefill("w", [("a", long), ("b", short)], predictions=2**31).tokens == want
     with pytest.raises(StateError):
         e.prefill("v", [("a", long)], predictions=-1)
 
