@@ -243,9 +243,10 @@ def test_a_stop_string_at_the_last_allowed_token_stops_every_chain(client, local
 
 def test_a_seed_pins_the_text_whatever_the_chain_and_the_load(client, prompts) -> None:
     """A seeded sampled request gives the same token ids under target-only decoding, every static chain at
-    several windows and auto, while other requests come and go around it (seeds past 2**32 included)."""
+    several windows (the lookup's too) and auto, while other requests come and go around it (seeds past 2**32 included)."""
     configurations = [("target", 0), ("target", 1), ("stdlib-1m,stdlib-29m", 2), ("stdlib-1m,stdlib-29m", 5),
-                      ("stdlib-5m,stdlib-29m", 3), ("stdlib-1m,stdlib-5m,stdlib-29m", 4), ("auto", 0)]
+                      ("stdlib-5m,stdlib-29m", 3), ("stdlib-1m,stdlib-5m,stdlib-29m", 4), ("lookup,stdlib-29m", 6),
+                      ("lookup,stdlib-1m,stdlib-29m", 3), ("auto", 0)]
     cases = [(prompts[0], 7), (prompts[1], 2**40 + 11), (prompts[2], 2**62 + 5)]
     stop = threading.Event()
 
