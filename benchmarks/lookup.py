@@ -6,7 +6,7 @@
 Two kinds of held-out text: Python code from third-party packages installed beside SpecRouter (unlike the
 pool's standard-library corpus), and repetitive tables (`report.workloads`). On each, in interleaved rounds
 (medians printed), what a user would run in one process with transformers (`generate`, assisted
-generation with the smallest drafter, prompt lookup with `prompt_lookup_num_tokens=10`), SpecRouter's
+generation with the smallest drafter, prompt lookup: `report.peers`), SpecRouter's
 chains in this process (the router's chain step over the pool's engines), and the same chains through a
 local cluster's services (SDK -> router -> workers). Every output is checked against the target's own
 greedy ids; ratios are to transformers' `generate` in the same run.
@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from specrouter.inprocess import InProcessPool
 from specrouter.report import peers as hf
 from specrouter.report.machine import machine_line
@@ -35,7 +33,6 @@ DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 THIRD_PARTY = ("redis", "grpc", "click", "typer", "opentelemetry", "pydantic", "hypothesis")   # installed beside
 CODE = "code"
 PROMPT_CHARS = 700
-LOOKUP_TOKENS = 10   # transformers' prompt_lookup_num_tokens, as its documentation suggests
 
 
 def third_party_code_prompts(n: int) -> list[str]:
@@ -87,20 +84,11 @@ def main(argv: list[str] | None = None) -> int:
              REPETITIVE: [p.prompt for p in builtin_prompts(args.prompts) if p.kind == REPETITIVE]}
     prompts = {k: [local.encode(t) for t in texts[k]] for k in kinds}
     n = args.new_tokens
-    target_model = peers.models[peers.target]
-
-    def hf_lookup(text, ids):
-        limit = hf.room(len(ids), n, peers.context_length())
-        x = torch.tensor([list(ids)])
-        with torch.inference_mode():
-            out = target_model.generate(input_ids=x, attention_mask=torch.ones_like(x),
-                                        prompt_lookup_num_tokens=LOOKUP_TOKENS, **hf._greedy(limit, peers.eos_token_id))
-        return hf.trim_at_eos(out[0, x.shape[1]:].tolist(), peers.eos_token_id, limit)
 
     # each run takes (text, its ids) and returns the new token ids
     runs = {"transformers generate": lambda text, ids: hf.generate_target(peers, ids, n),
             f"transformers assisted ({small})": lambda text, ids: hf.generate_assisted(peers, small, ids, n),
-            "transformers prompt lookup": hf_lookup}
+            "transformers prompt lookup": lambda text, ids: hf.generate_prompt_lookup(peers, ids, n)}
     for label, chain, window in configurations(local):
         runs[f"in process: {label}"] = (lambda c, w: lambda text, ids: local.generate_ids(
             [ids], c, w, [SamplingParams()], n)[0].generated)(chain, window)

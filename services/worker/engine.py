@@ -181,7 +181,8 @@ class WorkerEngine:
                 return self._draft_looking_ahead(state, slots[0], window, last[0], timings)
             if not greedy:
                 u = torch.stack([row_uniforms(r.sampling.seed, r.cycle, level, window) for r in rows])  # [B, W]
-                base = self._lengths(state, slots)      # [B] absolute position of each row's first drafted token
+                # [B] absolute position of each row's first drafted token, where a row picks coupled
+                base = self._lengths(state, slots) if s.any_coupled else None
             drafted, drafted_rows = [], []
             for i in range(window):
                 if greedy:
@@ -284,11 +285,13 @@ class WorkerEngine:
                 presence = (presence0[:, None, :] | (counts > 0)).flatten(0, 1)            # [B * (K + 1), V]
             row_index = torch.arange(b, device=device).repeat_interleave(k_max + 1)
             p = next_token_probs(p_logits.flatten(0, 1), s.rows(row_index), presence).view(b, k_max + 1, self.vocab)
-            picks = p.argmax(-1)   # [B, K + 1]: the greedy rows' tokens (their rows are one-hot)
-            if s.any_coupled:   # this level's own picks, from fp32, at each proposal position and one more
-                picks = _with_coupled_picks(picks, p, s, rows, first[:, None] + offsets[None, :])
-            if all(r.sampling.greedy or coupled for r, coupled in zip(rows, s.coupled)):
-                return self._verify_picks(rows, picks, timing)   # each row accepts iff its pick is the token
+            only_picks = all(r.sampling.greedy or coupled for r, coupled in zip(rows, s.coupled))
+            if s.any_coupled or only_picks:
+                picks = p.argmax(-1)   # [B, K + 1]: the greedy rows' tokens (their rows are one-hot)
+                if s.any_coupled:   # this level's own picks, from fp32, at each proposal position and one more
+                    picks = _with_coupled_picks(picks, p, s, rows, first[:, None] + offsets[None, :])
+                if only_picks:   # each row accepts iff its pick is the proposed token
+                    return self._verify_picks(rows, picks, timing)
             p_wire = None
             if hand_up:
                 p_wire = wire.to_wire(p)

@@ -109,8 +109,12 @@ UNIFORM_BITS = 24    # float32 holds every k / 2**24, k < 2**24, exactly: the un
 def stream_key(seed: int, cycle: int, level: int) -> int:
     """The 64-bit key of a row's random stream at one cycle and level. The seed is signed, the cycle and the
     level unsigned, as the wire carries them (int64, uint64, uint32); below 2**63 either packing is the same."""
-    digest = hashlib.blake2b(struct.pack("<qQQ", seed, cycle, level), digest_size=KEY_BYTES).digest()
-    return int.from_bytes(digest, "little")
+    return _key(struct.pack("<qQQ", seed, cycle, level))
+
+
+def _key(packed: bytes, domain: bytes = b"") -> int:
+    """A 64-bit key hashed from `packed` (blake2b, personalised by `domain`)."""
+    return int.from_bytes(hashlib.blake2b(packed, digest_size=KEY_BYTES, person=domain).digest(), "little")
 
 
 def key_uniforms(key: int, count: int) -> torch.Tensor:
@@ -150,8 +154,7 @@ def _fmix32(x: np.ndarray) -> np.ndarray:
 
 def position_key(seed: int, position: int) -> int:
     """The 64-bit key of the noise at absolute position `position` of a row of a request seeded `seed`."""
-    digest = hashlib.blake2b(struct.pack("<qQ", seed, position), digest_size=KEY_BYTES, person=COUPLED_DOMAIN)
-    return int.from_bytes(digest.digest(), "little")
+    return _key(struct.pack("<qQ", seed, position), COUPLED_DOMAIN)
 
 
 def exponential_noise(keys: Sequence[int], vocab: int) -> np.ndarray:

@@ -158,7 +158,8 @@ class Bench:
     def __init__(self, router: str, peers: hf.PeerModels, settings: BenchSettings, progress: Progress = Progress()):
         self.settings, self.peers, self.progress = settings, peers, progress
         self.client = Client(router, timeout_s=CLIENT_TIMEOUT_S)
-        found = self.client.models()
+        listed = self.client.models(levels=True)
+        found = [m for m in listed if m.role != "lookup"]
         self.models = [ModelRow(m.name, m.parameters, m.role) for m in sorted(found, key=lambda m: m.parameters)]
         target = next((m.name for m in found if m.role == "target"), None)
         if target != peers.target or {m.name for m in found} != set(peers.models):
@@ -166,7 +167,7 @@ class Bench:
                              f"{sorted(peers.models)} (target {peers.target}); give --pool the router's pool")
         self.target = target
         self.drafters = [m.name for m in self.models if m.name != target]
-        self.lookup = next((m.name for m in self.client.models(levels=True) if m.name == LOOKUP), None)
+        self.lookup = next((m.name for m in listed if m.name == LOOKUP), None)
 
     # -- the configurations -------------------------------------------------------------------
 
