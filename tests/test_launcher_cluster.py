@@ -184,7 +184,7 @@ def test_up_restarts_a_killed_drafter_and_router_on_their_addresses(tmp_path) ->
             back = retry_unavailable(lambda: client.generate(PROMPT, max_new_tokens=NEW_TOKENS))
             assert back.token_ids == expected
         children = subprocess.run(["pgrep", "-P", str(up.proc.pid)], capture_output=True, text=True).stdout.split()
-        assert len(children) == 5   # profiler, three workers, router
+        assert len(children) == 6   # profiler, three workers, router, gateway
         up.proc.send_signal(signal.SIGTERM)
         assert up.proc.wait(120) == 0
         for pid in children:

@@ -12,6 +12,7 @@ from specrouter.cli_support import (DEFAULT_ROUTER, TLS_CA, TLS_CERT, TLS_KEY, T
 from specrouter.report import commands as report_commands
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+DEFAULT_GATEWAY_PORT = 8000
 
 
 @app.callback()
@@ -172,8 +173,11 @@ def up(
     tls_key: Path = typer.Option(None, "--tls-key", help="The private key (PEM) of --tls-cert."),
     auth_token_file: Path = typer.Option(None, help="File holding the bearer token the router requires (or set "
                                          "SPECROUTER_ROUTER_AUTH_TOKEN)."),
+    gateway_port: int = typer.Option(None, help="Port of the OpenAI-compatible HTTP gateway [default: 8000, or a "
+                                     "free one with --port 0]; 0: a free one; -1: no gateway.", show_default=False),
 ) -> None:
-    """Start the embedded default: a profiler, one worker per pool model and a router, on localhost.
+    """Start the embedded default: a profiler, one worker per pool model, a router and the OpenAI-compatible
+    HTTP gateway, on localhost.
 
     A service that exits is started again on its port after a backoff (0.5 s, doubling to 30 s); the log
     says which, its exit code and the end of its log file. Ctrl-C or SIGTERM stops every service. Each
@@ -191,6 +195,8 @@ def up(
         client_tls(tls_ca, tls_cert, tls_key)   # each file readable, before any service starts
         tls = ClusterTLS(tls_ca.resolve(), tls_cert.resolve(), tls_key.resolve())
     router_args = ["--auth-token-file", str(auth_token_file.resolve())] if auth_token_file else []
+    if gateway_port is None:
+        gateway_port = 0 if port == 0 else DEFAULT_GATEWAY_PORT
 
     setup_logging(False)
     stop = threading.Event()
@@ -203,10 +209,13 @@ def up(
 
     try:
         cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
-                               device=device, on_start=announce, router_args=router_args, tls=tls)
+                               device=device, on_start=announce, router_args=router_args, tls=tls,
+                               gateway_port=None if gateway_port < 0 else gateway_port)
     except (PoolError, RuntimeError) as exc:
         fail("FAILED_PRECONDITION", str(exc))
     print(f"router listening on {cluster.router.address}", flush=True)
+    if cluster.gateway is not None:
+        print(f"gateway listening on {cluster.gateway.address}", flush=True)
     try:
         Supervisor(cluster.services, on_back=announce).run(stop)
     finally:
@@ -230,13 +239,21 @@ def healthcheck(
         raise typer.Exit(1)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def serve(ctx: typer.Context, service: str = typer.Argument(..., help="router, worker or profiler")) -> None:
-    """Run one service in the foreground (for containers); its own options follow."""
+SERVICES = ("router", "worker", "profiler", "gateway")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def serve(ctx: typer.Context, service: str = typer.Argument(None, help="router, worker, profiler or gateway",
+                                                             show_default=False)) -> None:
+    """Run one service in the foreground (for containers); its own options follow
+    (`specrouter serve router --help` lists them)."""
     import importlib
 
-    if service not in ("router", "worker", "profiler"):
-        fail("INVALID_ARGUMENT", f"unknown service {service!r}: choose router, worker or profiler")
+    if service is None or service in ("--help", "-h"):
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0 if service is not None or "--help" in ctx.args else 2)
+    if service not in SERVICES:
+        fail("INVALID_ARGUMENT", f"unknown service {service!r}: choose {', '.join(SERVICES[:-1])} or {SERVICES[-1]}")
     module = importlib.import_module(f"specrouter.{service}.__main__")
     raise typer.Exit(module.main(list(ctx.args)))
 

@@ -257,7 +257,9 @@ class ClusterTLS:
 
 
 class LocalCluster:
-    """The embedded default: a profiler, one worker per pool model and a router, on localhost.
+    """The embedded default: a profiler, one worker per pool model and a router, on localhost; with
+    `gateway_port` (0: a free one), the OpenAI-compatible HTTP gateway in front of the router too, which
+    formats chat messages with the target's chat template.
 
     On the CPU every worker shares the machine's cores. The target keeps PyTorch's default (a thread
     per core): it does most of the compute, and its verification of a window at batch 4 and beyond
@@ -274,7 +276,8 @@ class LocalCluster:
 
     def __init__(self, pool_dir: Path, log_dir: Path, port: int = 0, redis_url: str | None = None,
                  dtype: str = "float32", device: str = "cpu", env: dict[str, str] | None = None,
-                 on_start=None, router_args: list[str] | None = None, tls: ClusterTLS | None = None):
+                 on_start=None, router_args: list[str] | None = None, tls: ClusterTLS | None = None,
+                 gateway_port: int | None = None):
         from specrouter.pool.load import PoolDir
 
         pool = PoolDir.open(pool_dir)
@@ -297,6 +300,11 @@ class LocalCluster:
                 "--pool-dir", str(pool_dir), *(tls.server_args(mutual=False) + tls.upstream_args() if tls else []),
                 *(router_args or [])],
                 log_dir, env, "router", say)
+            self.gateway = None if gateway_port is None else self._start("specrouter.gateway", [
+                "--router", self.router.address, "--tokenizer-dir", str(pool.model_dir(pool.target)),
+                "--host", "127.0.0.1", "--port", str(gateway_port),
+                *(["--router-ca", str(tls.ca), "--tls-cert", str(tls.cert), "--tls-key", str(tls.key)] if tls else [])],
+                log_dir, env, "gateway", say)
         except BaseException:
             self.stop()
             raise

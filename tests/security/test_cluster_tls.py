@@ -51,7 +51,7 @@ def test_up_with_tls_and_a_token(pki, tmp_path, plain_tokens) -> None:
                 break
         assert address, f"specrouter up did not start: {proc.stderr.read()[-3000:]}"
         services = command_lines(proc.pid)
-        assert len(services) == 4   # the profiler, two workers, the router
+        assert len(services) == 5   # the profiler, two workers, the router, the gateway (HTTPS)
         for argv in services.values():
             assert "--tls-cert" in argv and not any(TOKEN in a for a in argv), argv
         tls = ClientTLS.from_files(pki.ca)
