@@ -109,11 +109,14 @@ async def unless_gone(request: Request, work: Awaitable):
     watch = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:   # this handler itself cancelled
+        task.cancel()
+        raise
     finally:
         watch.cancel()
-        if not task.done():
-            task.cancel()
-    if task.cancelled():
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})   # its calls cancelled before the answer goes
         raise ClientGone()
     return task.result()
 
