@@ -22,7 +22,8 @@ def router_tls(settings: GatewaySettings) -> ClientTLS | None:
     files = (settings.router_ca, settings.router_cert, settings.router_key)
     if all(f is None for f in files):
         return None
-    return ClientTLS.from_files(*files, names=tuple(setting_hint(n) for n in ("router_ca", "router_cert", "router_key")))
+    names = tuple(setting_hint(n) for n in ("router_ca", "router_cert", "router_key"))
+    return ClientTLS.from_files(*files, names=names)
 
 
 def check_https(settings: GatewaySettings) -> None:

@@ -225,15 +225,20 @@ def up(
 
 @app.command()
 def healthcheck(
-    address: str = typer.Argument(..., help="Server address HOST:PORT."),
+    address: str = typer.Argument(..., help="Server address HOST:PORT, or the gateway's URL "
+                                  "(http://HOST:PORT/health)."),
     service: str = typer.Option("", help="Service name to ask about ('': the server as a whole)."),
     timeout: float = typer.Option(5.0, help="Seconds to wait for the answer."),
     tls_ca: Path = TLS_CA, tls_cert: Path = TLS_CERT, tls_key: Path = TLS_KEY,
 ) -> None:
-    """Exit 0 if the server at ADDRESS is SERVING on the standard gRPC health protocol, else 1 with why."""
-    from specrouter.healthcheck import check
+    """Exit 0 if the server at ADDRESS is SERVING on the standard gRPC health protocol (a URL: answers 200),
+    else 1 with why."""
+    from specrouter.healthcheck import check, check_http
 
-    result = check(address, service, timeout, client_tls(tls_ca, tls_cert, tls_key))
+    if address.startswith(("http://", "https://")):
+        result = check_http(address, timeout, str(tls_ca) if tls_ca else None)
+    else:
+        result = check(address, service, timeout, client_tls(tls_ca, tls_cert, tls_key))
     typer.echo(result.reason, err=not result.serving)
     if not result.serving:
         raise typer.Exit(1)

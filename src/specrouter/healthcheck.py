@@ -52,3 +52,28 @@ def _failure(exc: grpc.RpcError, what: str, timeout_s: float) -> str:
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return f"{what} has no gRPC health service"
     return f"{what}: health check failed with {code.name}{detail}"
+
+
+def check_http(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, ca: str | None = None) -> Health:
+    """GETs `url` (the gateway's /health): serving if it answers 200; over HTTPS, `ca` signs the server's
+    certificate (else the system's CAs)."""
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as response:
+            return Health(True, f"{url}: {response.status}")
+    except urllib.error.HTTPError as exc:
+        try:   # the gateway says why in OpenAI's error shape
+            detail = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            detail = exc.reason
+        return Health(False, f"{url} answered {exc.code}: {detail}")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+            return Health(False, f"{url} did not answer within {timeout_s:g} s")
+        return Health(False, f"{url} is unreachable ({reason})")

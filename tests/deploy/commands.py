@@ -15,6 +15,8 @@ import click
 import typer
 
 from specrouter.cli import app
+from specrouter.gateway import __main__ as gateway_main
+from specrouter.gateway.settings import GatewaySettings
 from specrouter.profiler import __main__ as profiler_main
 from specrouter.profiler.settings import ProfilerSettings
 from specrouter.router import __main__ as router_main
@@ -25,7 +27,8 @@ from specrouter.worker.settings import WorkerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLI: click.Group = typer.main.get_command(app)
-SETTINGS = {"router": RouterSettings, "worker": WorkerSettings, "profiler": ProfilerSettings}
+SETTINGS = {"router": RouterSettings, "worker": WorkerSettings, "profiler": ProfilerSettings,
+            "gateway": GatewaySettings}
 # The environment a service reads besides its settings: OpenTelemetry's standard variables (tracing.py)
 # and GNU OpenMP's spin count (CPU workers).
 OTHER_ENV = {"OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_INSECURE",
@@ -37,7 +40,7 @@ IMAGE_DEMO_POOL = Path("/models/demo-pool")
 
 @dataclass
 class ServiceCommand:
-    service: str        # router, worker or profiler
+    service: str        # router, worker, profiler or gateway
     settings: Any       # its settings object, as its main would build it
 
 
@@ -86,6 +89,8 @@ def parse_serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Se
                 settings = router_main.parse_settings(flags)
             elif service == "worker":
                 settings = worker_main.parse_settings(flags)
+            elif service == "gateway":
+                settings = gateway_main.parse_settings(flags)
             else:   # as the profiler's main builds its settings from its flags
                 given = vars(profiler_main._parse(flags))
                 settings = ProfilerSettings(**{k: v for k, v in given.items() if k != "verbose" and v is not None})

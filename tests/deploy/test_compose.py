@@ -53,7 +53,7 @@ def test_the_schema_check_refuses_a_broken_file(tmp_path):
 def test_services(services, commands):
     assert {"redis", "jaeger"} <= set(services)
     kinds = sorted(c.service for c in commands.values())
-    assert kinds == ["profiler", "router", "worker", "worker", "worker"]
+    assert kinds == ["gateway", "profiler", "router", "worker", "worker", "worker"]
 
 
 def test_one_cpu_worker_per_demo_pool_model(commands):
@@ -76,7 +76,10 @@ def test_services_listen_where_their_healthcheck_and_peers_look(services, comman
         check = services[name]["healthcheck"]
         assert check["test"][:2] == ["CMD", "specrouter"], name
         params = parse_healthcheck(check["test"][2:])
-        assert params["address"] == f"127.0.0.1:{settings.port}", name
+        where = f"127.0.0.1:{settings.port}"
+        if command.service == "gateway":   # HTTP: its /health, which answers 200 while the router serves
+            where = f"http://{where}/health"
+        assert params["address"] == where, name
         assert params["timeout"] < int(check["timeout"].rstrip("s")), f"{name}: the check outlives its timeout"
 
 
@@ -132,3 +135,11 @@ def test_services_run_hardened(services, commands):
         s = services[name]
         assert s["read_only"] is True and "/tmp" in s["tmpfs"]
         assert s["cap_drop"] == ["ALL"] and "no-new-privileges:true" in s["security_opt"]
+
+
+def test_gateway_fronts_the_router_with_the_targets_tokenizer(services, commands):
+    gateway, router = commands["gateway"].settings, commands["router"].settings
+    assert gateway.router == f"router:{router.port}"
+    assert gateway.tokenizer_dir == router.tokenizer_dir
+    assert services["gateway"]["ports"] == [f"127.0.0.1:{gateway.port}:{gateway.port}"]
+    assert services["gateway"]["depends_on"]["router"] == {"condition": "service_healthy"}

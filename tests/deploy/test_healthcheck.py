@@ -127,3 +127,21 @@ def test_profiler_shutdown_turns_the_check_to_1(profiler):
     shutdown(server, health_servicer, grace_s=0)
     code, out = run_cli(address, "--timeout", "2")
     assert code == 1 and out.startswith(address)
+
+
+def test_a_gateways_url_is_checked_over_http(bare_server, closed_port):
+    """The gateway's /health answers 200 while its router serves, 503 (and why) while none does."""
+    from tests.gateway.conftest import InProcessGateway
+
+    server, address = bare_server
+    serving.add_health_and_reflection(server, "specrouter.v1.RouterService", serving=True)
+    server.start()
+    with InProcessGateway(router=address) as gateway:
+        code, said = run_cli(f"{gateway.url}/health", "--timeout", "5")
+    assert code == 0 and said == f"{gateway.url}/health: 200"
+    with InProcessGateway(router=f"127.0.0.1:{closed_port}") as gateway:
+        code, said = run_cli(f"{gateway.url}/health", "--timeout", "5")
+    assert code == 1 and f"{gateway.url}/health answered 503: the router at 127.0.0.1:{closed_port} does not " \
+        "serve" in said
+    code, said = run_cli(f"http://127.0.0.1:{closed_port}/health", "--timeout", "2")
+    assert code == 1 and "is unreachable" in said

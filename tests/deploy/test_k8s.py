@@ -1,8 +1,9 @@
 """k8s/: both overlays render with `kubectl kustomize`, every object validates against the Kubernetes
 schemas (offline, strict), and what matters holds: each container's arguments and environment are
 accepted by the real CLI, probes and Services point at the ports the services listen on, the router
-reaches every worker of its pool, only routers reach workers and the profiler, nothing runs as root,
-and the a100 overlay puts each worker on an A100 of its own."""
+reaches every worker of its pool, only routers reach workers and the profiler, the gateway reaches the
+routers and nothing else, nothing runs as root, and the a100 overlay puts each worker on an A100 of its
+own."""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ def test_overlays_render_the_whole_deployment(overlay):
              "PodDisruptionBudget", "NetworkPolicy"} | ({"PersistentVolumeClaim"} if name == "a100" else set())
     assert {o["kind"] for o in objects} == kinds
     assert {o["metadata"].get("namespace", "specrouter") for o in objects} == {"specrouter"}
-    assert sorted(c.command.service for c in containers) == ["profiler", "router", "worker", "worker", "worker"]
+    assert sorted(c.command.service for c in containers) == ["gateway", "profiler", "router", "worker", "worker",
+                                                             "worker"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -116,8 +118,14 @@ def test_services_listen_on_the_ports_their_probes_check(overlay):
         settings = c.command.settings
         assert listens_everywhere(settings.host), f"{c.name} listens on {settings.host} only"
         ports = {p["name"]: p["containerPort"] for p in c.spec["ports"]}
-        assert ports["grpc"] == settings.port, c.name
         assert ports["metrics"] == settings.metrics_port > 0, c.name
+        if c.command.service == "gateway":   # HTTP: ready while its router serves, alive while it listens
+            assert ports["http"] == settings.port, c.name
+            assert c.spec["readinessProbe"]["httpGet"] == {"path": "/health", "port": settings.port}
+            for probe in ("startupProbe", "livenessProbe"):
+                assert c.spec[probe]["tcpSocket"] == {"port": settings.port}, f"{c.name}: {probe} {c.spec[probe]}"
+            continue
+        assert ports["grpc"] == settings.port, c.name
         for probe in PROBES:
             assert c.spec[probe]["grpc"] == {"port": settings.port}, f"{c.name}: {probe} {c.spec[probe]}"
 
@@ -189,8 +197,7 @@ def allowed_sources(objects: list[dict], pods: dict) -> tuple[list[dict], set]:
     """The ingress rules that apply to `pods` (a Deployment's), and the ports they open."""
     rules, ports = [], set()
     for policy in by_kind(objects, "NetworkPolicy").values():
-        if matches(policy["spec"]["podSelector"], pod_labels(pods)):
-            assert "Ingress" in policy["spec"]["policyTypes"]
+        if matches(policy["spec"]["podSelector"], pod_labels(pods)) and "Ingress" in policy["spec"]["policyTypes"]:
             for rule in policy["spec"].get("ingress", []):
                 rules.append(rule)
                 ports |= {p["port"] for p in rule.get("ports", [])}
@@ -292,7 +299,7 @@ def test_traces_go_to_a_collector_under_each_services_name(overlay):
         names.add(env["OTEL_SERVICE_NAME"])
         if c.command.service == "worker":
             assert env["OTEL_SERVICE_NAME"] == f"specrouter-worker-{c.command.settings.model_name}"
-    assert names == {"specrouter-router", "specrouter-profiler"} | {
+    assert names == {"specrouter-router", "specrouter-profiler", "specrouter-gateway"} | {
         f"specrouter-worker-{w.command.settings.model_name}" for w in of(containers, "worker")}
     if name == "local":   # the overlay's own Jaeger
         jaeger = by_kind(objects, "Service")["jaeger"]
@@ -338,6 +345,10 @@ def test_a100_puts_each_worker_on_an_a100_of_its_own(rendered):
     [router] = of(containers, "router")
     tokenizer = router.mount_of(router.command.settings.tokenizer_dir)
     assert tokenizer["volume"]["persistentVolumeClaim"]["claimName"] == "models"
+    [gateway] = of(containers, "gateway")   # the target's chat template, from the same checkpoint
+    assert gateway.command.settings.tokenizer_dir == router.command.settings.tokenizer_dir
+    assert gateway.mount_of(gateway.command.settings.tokenizer_dir)["volume"]["persistentVolumeClaim"] == {
+        "claimName": "models", "readOnly": True}
     for name, d in by_kind(objects, "Deployment").items():   # the rest runs on CPU nodes
         if component(d) != "worker":
             pod = d["spec"]["template"]["spec"]
@@ -375,3 +386,35 @@ def test_external_redis_component_replaces_the_clusters_redis(tmp_path):
     assert profiler.command.settings.redis_url == url
     for o in objects:
         kubernetes_validate.validate(o, VERSIONS[0], strict=True)
+
+
+def test_the_gateway_takes_clients_and_reaches_the_routers_alone(overlay):
+    """Anyone may reach its HTTP port (and Prometheus its metrics port); its way out leads to the routers'
+    gRPC port, the cluster's DNS and the trace collector, nothing else."""
+    name, objects, containers = overlay
+    deployments = by_kind(objects, "Deployment")
+    [gateway], [router] = of(containers, "gateway"), of(containers, "router")
+    rules, ports = allowed_sources(objects, gateway.deployment)
+    assert ports == {gateway.command.settings.port, gateway.command.settings.metrics_port}
+    open_to_all = [r for r in rules if "from" not in r]
+    assert open_to_all == [{"ports": [{"protocol": "TCP", "port": gateway.command.settings.port}]}]
+
+    egress = [p["spec"] for p in by_kind(objects, "NetworkPolicy").values() if "Egress" in p["spec"]["policyTypes"]
+              and matches(p["spec"]["podSelector"], pod_labels(gateway.deployment))]
+    assert len(egress) == 1, "one policy bounds the gateway's way out"
+    [routers, dns, collector] = egress[0]["egress"]
+    assert all(rule.get("to") for rule in egress[0]["egress"]), "a rule without `to` opens every destination"
+    reached = {n for peer in routers["to"] for n, d in deployments.items() if set(peer) == {"podSelector"}
+               and matches(peer["podSelector"], pod_labels(d))}
+    assert reached == {router.name} and routers["ports"] == [{"protocol": "TCP", "port": router.command.settings.port}]
+    assert host_of(gateway.command.settings.router) in by_kind(objects, "Service")   # a Service of the routers
+    assert dns["to"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    endpoint = container_env(gateway.spec, objects)["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert collector["ports"] == [{"protocol": "TCP", "port": int(endpoint.rsplit(":", 1)[1])}]
+    if name == "local":   # the overlay's own Jaeger, in the namespace
+        [peer] = collector["to"]
+        assert {n for n, d in deployments.items() if matches(peer["podSelector"], pod_labels(d))} == {"jaeger"}
+    else:
+        assert collector["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
+                                                                          "observability"}}}]

@@ -87,7 +87,8 @@ def test_a_seed_pins_the_sampled_text_and_each_choice_has_its_own(openai_client,
 
 def test_stop_strings_end_the_text_before_them(openai_client, sdk) -> None:
     free = sdk.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, chain="target").text
-    stop = next(free[i:i + 3] for i in range(4, len(free) - 3) if free[i:i + 3].strip() and free[i:i + 3] not in free[:i + 2])
+    stop = next(free[i:i + 3] for i in range(4, len(free) - 3)   # its first occurrence at i
+                if free[i:i + 3].strip() and free[i:i + 3] not in free[:i + 2])
     expected = free[:free.index(stop)]
     whole = openai_client.completions.create(model=TARGET, prompt=PROMPTS[0], max_tokens=NEW_TOKENS, temperature=0,
                                              stop=[stop, "never appears"])
