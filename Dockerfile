@@ -23,7 +23,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY services ./services
-RUN pip install . && python -c "import specrouter.cli, specrouter.router.server, specrouter.worker.server"
+RUN pip install . \
+ && python -c "import specrouter.cli, specrouter.router.server, specrouter.worker.server, specrouter.gateway.server"
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG UID=10001
@@ -39,7 +40,8 @@ COPY --from=build /opt/specrouter /opt/specrouter
 COPY models/demo-pool /models/demo-pool
 USER ${UID}:${UID}
 WORKDIR /tmp
-# gRPC: router 50051, worker 50052, profiler 50053; Prometheus metrics (compose, k8s: --metrics-port 9464)
-EXPOSE 50051 50052 50053 9464
+# gRPC: router 50051, worker 50052, profiler 50053; the gateway's HTTP 8000; Prometheus metrics (compose,
+# k8s: --metrics-port 9464)
+EXPOSE 50051 50052 50053 8000 9464
 ENTRYPOINT ["specrouter"]
 CMD ["--help"]

@@ -72,5 +72,5 @@ def test_the_image_runs_specrouter_as_a_user_other_than_root(dockerfile):
     assert user == "${UID}:${UID}" and int(uid) > 0
     assert ("ENTRYPOINT", '["specrouter"]') in runtime   # compose and k8s give `serve SERVICE ...`
     [exposed] = [a for op, a in runtime if op == "EXPOSE"]
-    assert set(exposed.split()) == {"50051", "50052", "50053", "9464"}
+    assert set(exposed.split()) == {"50051", "50052", "50053", "8000", "9464"}
     assert ("COPY", "models/demo-pool /models/demo-pool") in runtime
