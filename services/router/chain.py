@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from specrouter.router.failures import (RowsFailed, StateOutOfLine, WorkerCallFailed, failed_rows, state_out_of_line,
                                         state_unknown, worker_gone)
-from specrouter.router.lookup import LookupProposer
+from specrouter.router.lookup import SHADOW_WINDOW, LookupProposer, judged
 from specrouter.router.orphans import Orphans
 from specrouter.router.stops import StopStrings
 from specrouter.router.workers import Worker
@@ -95,6 +95,22 @@ class CycleReport:
     proposed: dict[str, list[int]]              # level model -> proposal length per row
     results: dict[str, StepResult]              # level model -> its step (timings)
     call_ns: dict[str, int] = field(default_factory=dict)  # level model -> wall time of its call, round trip included
+    model_free: bool = False   # the chain starts with a level that runs no model (the lookup)
+    # (lookup, verifier) -> per row, (accepted, checked) of what the lookup would have proposed this cycle,
+    # judged by the verifier's own picks (None for a sampled row: its picks judge no point mass)
+    shadow: dict[tuple[str, str], list[tuple[int, int] | None]] = field(default_factory=dict)
+
+    def checked(self, verifier: str, row_index: int) -> int:
+        """Positions of a row's proposal that `verifier` checked: up to and including its first rejection.
+        A model-free level's proposal may stop short of the window (no match, or a match near the end of
+        what it copies): the position after its last token counts as checked and rejected, so that the
+        acceptance at a position is the chance that a token there is both proposed and accepted, which is
+        what the cost model's proposals of `window` tokens need."""
+        accepted = self.accepted[verifier][row_index]
+        offered = self.proposed[verifier][row_index]
+        if self.model_free and len(self.chain) > 1 and verifier == self.chain[1]:
+            offered = max(offered, self.window)
+        return min(accepted + 1, offered)
 
 
 def prompt_agreement(guesses: Mapping[str, Sequence[int]]) -> dict[tuple[str, str], tuple[int, int]]:
@@ -374,6 +390,7 @@ class ChainBatch:
             proposed[model] = [len(p) for p in proposal]
             proposal, proposal_rows = result.tokens, result.rows
 
+        shadow = self._shadow(chain, rows, results[drafter].tokens, proposal)
         emitted = {r.row_id: self._emit(r, tokens) for r, tokens in zip(rows, proposal)}
         for model, cached in processed.items():
             for r, spec in zip(rows, cached):
@@ -386,7 +403,29 @@ class ChainBatch:
             r.cycle += 1
         for model in chain:
             self._resyncs.pop(model, None)
-        return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns)
+        return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns,
+                           model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow)
+
+    def _shadow(self, chain: tuple[str, ...], rows: Sequence[Row], drafts: Sequence[Sequence[int]],
+                picks: Sequence[Sequence[int]]) -> dict[tuple[str, str], list[tuple[int, int] | None]]:
+        """The lookup's acceptance, measured in a cycle that does not run it, for nothing but a match per row:
+        what it would have proposed from the rows' tokens before the cycle, against the target's emitted
+        tokens and, when a model drafted, against that model's draft. Under greedy and coupled decoding a
+        verifier accepts a proposed token iff it is its own pick, so these are the checks the pairs
+        (lookup, target) and (lookup, drafter) would have made; the scheduler prices the lookup's chains
+        from them without running the lookup's chains to learn how well it does on the text it serves now."""
+        lookup = next((w for w in self.workers.values() if isinstance(w, LookupProposer)), None)
+        if lookup is None or isinstance(self.workers[chain[0]], LookupProposer):
+            return {}
+        proposals = [lookup.propose(r.tokens, SHADOW_WINDOW) if r.sampling.greedy or r.sampling.coupled else None
+                     for r in rows]
+        if all(p is None for p in proposals):
+            return {}
+        judges = [self.target] if len(chain) == 1 else [chain[0], self.target]
+        tokens = {self.target: picks, chain[0]: drafts}
+        return {(lookup.name, judge): [None if p is None else judged(p, t, SHADOW_WINDOW)
+                                       for p, t in zip(proposals, tokens[judge])]
+                for judge in judges}
 
     @staticmethod
     def _abandon(rows: Sequence[Row], processed: Mapping[str, list[list[int]]]) -> None:

@@ -31,8 +31,10 @@ from specrouter.worker.calls import RowStep, StateError, StepResult, UnknownStat
 LOOKUP = "lookup"
 MAX_NGRAM = 3
 MIN_NGRAM = 1
+NO_GUESS = -1   # no token id: where the lookup has no proposal, its guess agrees with no model's
 
 
+SHADOW_WINDOW = 8         # positions of the lookup's proposal judged in cycles it does not run in
 RECENT_TOKENS = 1 << 16   # tokens of earlier rows the lookup keeps for all requests (about 15 MB)
 RECENT_MIN_NGRAM = 3      # a match in another request's tokens must be at least this long
 
@@ -54,10 +56,50 @@ def longest_match(tokens: Sequence[int], window: int, max_ngram: int = MAX_NGRAM
     return [], 0
 
 
+def prompt_guesses(tokens: Sequence[int], positions: int, max_ngram: int = MAX_NGRAM,
+                   min_ngram: int = MIN_NGRAM) -> list[int]:
+    """The lookup's first proposed token after each of the last `positions` prefixes of `tokens` (the
+    prefix ending at each of those tokens), NO_GUESS where it proposes nothing: what a model's prefill
+    returns as its argmax guesses, so that the scheduler compares the lookup with the models on a row's
+    prompt as it compares two models. One pass, each n-gram's latest position kept as it goes."""
+    positions = min(positions, len(tokens))
+    if positions <= 0:
+        return []
+    latest: dict[tuple[int, ...], int] = {}   # n-gram -> position of the token after its latest occurrence
+    guesses = []
+    for end in range(len(tokens)):
+        # the n-grams ending just before `end` have a token after them (tokens[end]) in this prefix
+        for n in range(min_ngram, min(max_ngram, end) + 1):
+            latest[tuple(tokens[end - n:end])] = end
+        if end < len(tokens) - positions:
+            continue
+        guess = NO_GUESS
+        for n in range(min(max_ngram, end), min_ngram - 1, -1):
+            found = latest.get(tuple(tokens[end - n + 1:end + 1]))
+            if found is not None:
+                guess = tokens[found]
+                break
+        guesses.append(guess)
+    return guesses
+
+
 def lookup_proposal(tokens: Sequence[int], window: int, max_ngram: int = MAX_NGRAM,
                     min_ngram: int = MIN_NGRAM) -> list[int]:
     """`longest_match`'s proposal alone."""
     return longest_match(tokens, window, max_ngram, min_ngram)[0]
+
+
+def judged(proposal: Sequence[int], picks: Sequence[int], window: int) -> tuple[int, int]:
+    """(accepted, positions checked) of `proposal` against `picks`, the tokens a verifier picked at the same
+    positions of the same row (greedy or coupled: a proposed token is accepted iff it is the verifier's
+    pick): accepted up to the first difference, checked up to and including it, within `window` and
+    the positions `picks` judge. A proposal shorter than the window is rejected where it stops."""
+    accepted = 0
+    for x, y in zip(proposal[:window], picks):
+        if x != y:
+            break
+        accepted += 1
+    return accepted, min(accepted + 1, len(picks), window)
 
 
 class RecentRows:
@@ -149,7 +191,8 @@ class LookupProposer:
                 raise StateError(f"rows {clash} are already in state {state_id!r} of {self.name!r}")
             for row_id, tokens in rows:
                 state[row_id] = list(tokens)
-        return StepResult(tokens=[[] for _ in rows], rows=[None] * len(rows))
+        guesses = [prompt_guesses(tokens, predictions, self.max_ngram, self.min_ngram) for _, tokens in rows]
+        return StepResult(tokens=guesses, rows=[None] * len(rows))
 
     def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep], hand_up: bool = True,
               ) -> StepResult:
@@ -172,7 +215,12 @@ class LookupProposer:
                 tokens.extend(proposal[:-1])                      # the last token, which it never fed
         return StepResult(tokens=proposals, rows=[None] * len(rows))
 
-    def _propose(self, tokens: list[int], window: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], window: int) -> list[int]:
+        """What the lookup proposes after `tokens`, without touching any state."""
+        with self._lock:
+            return self._propose(tokens, window)
+
+    def _propose(self, tokens: Sequence[int], window: int) -> list[int]:
         """The row's own longest match, or a longer one in the rows that ran before it."""
         proposal, n = longest_match(tokens, window, self.max_ngram, self.min_ngram)
         if n < self.max_ngram:

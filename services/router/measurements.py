@@ -31,16 +31,24 @@ REPORT_PERIOD_S = 0.2
 def acceptance_counts(report: CycleReport, rows: Sequence[Row]) -> dict[tuple[str, str, Mode, int], list[int]]:
     """Per (drafter, verifier, mode, draft position): [accepted, proposed] over the cycle's rows, each row's
     proposal tested up to its first rejection (so accepted / proposed at a position is the chance that a
-    token there is accepted once every token before it was)."""
+    token there is accepted once every token before it was; `CycleReport.checked`)."""
     chain = report.chain
     counts: dict[tuple[str, str, Mode, int], list[int]] = defaultdict(lambda: [0, 0])
     for level in range(1, len(chain)):
         drafter, verifier = chain[level - 1], chain[level]
-        for row, accepted, proposed in zip(rows, report.accepted[verifier], report.proposed[verifier]):
-            for position in range(min(accepted + 1, proposed)):
+        for index, (row, accepted) in enumerate(zip(rows, report.accepted[verifier])):
+            for position in range(report.checked(verifier, index)):
                 c = counts[(drafter, verifier, mode_of(row), position)]
                 c[0] += position < accepted
                 c[1] += 1
+    for (drafter, verifier), per_row in report.shadow.items():   # the lookup's, judged where it did not run
+        for row, judgement in zip(rows, per_row):
+            if judgement is not None:
+                accepted, checked = judgement
+                for position in range(checked):
+                    c = counts[(drafter, verifier, mode_of(row), position)]
+                    c[0] += position < accepted
+                    c[1] += 1
     return counts
 
 
@@ -58,7 +66,7 @@ def cycle_measurements(report: CycleReport, rows: Sequence[Row]) -> pb.ReportReq
         request.acceptance.add(drafter=drafter, verifier=verifier, mode=_MODES_TO_PB[mode], position=position,
                                accepted=acc, proposed=prop)
     similar: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0])
-    for level in range(1, len(chain)):
+    for level in range(1 + report.model_free, len(chain)):   # a model-free level's proposal has no distribution
         drafter, verifier = chain[level - 1], chain[level]
         sums = report.results[verifier].similarity
         for row, total, proposed in zip(rows, sums, report.proposed[verifier]):

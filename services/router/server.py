@@ -108,7 +108,7 @@ class Router:
                   for n, w in workers.items()}
         offline = load_similarity(settings.pool_dir) if settings.pool_dir else []
         self.scheduler = Scheduler(self.by_size, self.target, settings.scheduler, lambda: self.metrics.get()[0],
-                                   warmup, offline)
+                                   warmup, offline, levels=list(self.levels))
         self.batcher = Batcher(replicas, self.target, self.context_length, self.tokenizer.eos_token_id,
                                self.choose_auto, self.tokenizer.decode, self.report_cycle, self.cycle_done,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
@@ -134,24 +134,19 @@ class Router:
 
     def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
                     window: int = 0) -> tuple[tuple[str, ...], int]:
-        if chain and chain[0] in self.levels:   # the scheduler does not plan the lookup level yet
-            return chain, window or self.settings.default_window
         if not self.settings.adaptive:   # the default chain, or the target alone while one of its models is out
             default = self.default_chain if set(self.default_chain) <= set(batch.workers) else (self.target,)
             return chain or default, window or self.settings.default_window
         return self.scheduler.choose(batch, chain, window)
 
     def report_cycle(self, report: CycleReport, rows: list[Row]) -> None:
-        """A cycle's measurements to the profiler; those of chains that start with the lookup level stay out of
-        the scheduler's tables, which do not price that level yet."""
-        if report.chain[0] not in self.levels:
-            self.reporter.observe(report, rows)
+        """A cycle's measurements to the profiler."""
+        self.reporter.observe(report, rows)
 
     def cycle_done(self, batch: ChainBatch, report: CycleReport, rows: list[Row], cycle_ns: int, auto: bool) -> None:
         decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None
         self.prometheus.observe_cycle(report, rows, cycle_ns, decision.prediction if decision is not None else None)
-        if report.chain[0] not in self.levels:
-            self.scheduler.observe(report, rows, cycle_ns, auto, decision)
+        self.scheduler.observe(report, rows, cycle_ns, auto, decision)
 
     def request_from_pb(self, m: pb.GenerateRequest) -> GenerationRequest:
         seed = m.seed if m.HasField("seed") else random.getrandbits(SEED_BITS)

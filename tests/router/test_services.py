@@ -23,6 +23,8 @@ from specrouter.inprocess import InProcessPool
 from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from specrouter.worker.calls import SamplingParams
 from specrouter.router.chain import TARGET_ONLY_BLOCK
+from specrouter.router.lookup import LOOKUP
+from specrouter.router.scheduling.settings import SchedulerSettings
 from tests.conftest import DEMO_POOL
 
 NEW_TOKENS = 24
@@ -407,14 +409,22 @@ def test_schedule_ranks_every_candidate_and_shows_its_estimates(cluster, client)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most" in error.value.details()
     got = {(tuple(c.chain), c.window) for c in reply.candidates}
     chains = [(small, target), (mid, target), (small, mid, target), (mid, small, target)]
+    chains += [(LOOKUP, *c) for c in [(target,), *chains]]   # the model-free level in front, within 4 levels
     assert got == {((target,), 0)} | {(c, w) for c in chains for w in range(1, 9)}
     t_eff = [c.predicted_t_eff_ms for c in reply.candidates]
     assert t_eff == sorted(t_eff) and all(t > 0 for t in t_eff)
     assert all(abs(c.predicted_t_eff_ms - c.predicted_cycle_ms / c.predicted_emitted) < 1e-6 for c in reply.candidates)
     pairs = {(p.drafter, p.verifier): p for p in reply.pairs}
-    assert set(pairs) == {(small, target), (mid, target), (small, mid), (mid, small)}
+    models = {(small, target), (mid, target), (small, mid), (mid, small)}
+    assert set(pairs) == models | {(LOOKUP, small), (LOOKUP, mid), (LOOKUP, target)}
     shipped = json.loads((DEMO_POOL / "similarity.json").read_text())["pairs"]
     offline = {(p["drafter"], p["verifier"]): p["similarity"] for p in shipped if p["mode"] == "greedy"}
+    lookup_pairs = {pair: pairs.pop(pair) for pair in [(LOOKUP, small), (LOOKUP, mid), (LOOKUP, target)]}
+    for p in lookup_pairs.values():   # no distribution: no similarity, and a prior of its own
+        assert not p.HasField("similarity") and not p.HasField("live_similarity")
+        assert p.prior == pytest.approx(SchedulerSettings().lookup_prior)
+    # ... and the lookup judged by the target's tokens in every greedy cycle, whatever chain ran
+    assert lookup_pairs[(LOOKUP, target)].HasField("realized")
     for pair, p in pairs.items():
         assert p.mode == "greedy" and p.similarity == pytest.approx(offline[pair]) and len(p.rates) == 8
         assert p.HasField("realized") and p.HasField("live_similarity")   # every pair measured by now

@@ -197,7 +197,9 @@ def test_a_killed_drafter_worker_leaves_the_router_serving_and_rejoins_when_rest
             drafter.kill()
             drafter.wait(30)
             served = client.generate(prompt, max_new_tokens=24)
-            assert served.token_ids == expected and set(served.stats.chain_counts) == {"stdlib-29m"}
+            # the chains left: the target's, alone or behind the lookup (which runs in the router)
+            assert served.token_ids == expected and served.stats.chain_counts
+            assert set(served.stats.chain_counts) <= {"stdlib-29m", "lookup,stdlib-29m"}
             with pytest.raises(UnavailableError) as err:
                 client.generate(prompt, max_new_tokens=4, chain="stdlib-1m,stdlib-29m")
             assert "stdlib-1m" in err.value.message and "auto" in err.value.message

@@ -138,10 +138,14 @@ class AcceptanceEstimates:
     def __init__(self, snapshot: Snapshot | None, offline: Iterable[PairSimilarity] = (),
                  prior_weight: float = 16.0, default_acceptance: float = 0.5,
                  recent: Mapping[tuple[Pair, int], float] | None = None,
-                 text_shift: Mapping[Pair, float] | None = None):
+                 text_shift: Mapping[Pair, float] | None = None, free: Iterable[str] = (),
+                 free_prior: float = 0.3):
         """`recent`: `RecentReports.shares()`; without it, each position's share of its pair's reports.
         `text_shift`: per pair, log-odds its measured rates move by to describe the text the pool runs now
-        rather than the text they were measured on (the scheduler's `text_shifts`)."""
+        rather than the text they were measured on (the scheduler's `text_shifts`). `free`: the levels that
+        run no model (the lookup): their proposals have no distribution and no similarity, so a pair
+        drafted by one takes `free_prior` as its prior, and stays out of the calibration."""
+        self.free, self.free_prior = frozenset(free), free_prior
         self.prior_weight = prior_weight
         self.default_acceptance = default_acceptance
         self.observed: dict[Pair, dict[int, PositionRate]] = {}
@@ -189,12 +193,15 @@ class AcceptanceEstimates:
         points = []
         for pair, positions in self.observed.items():
             sim = self.similarity(pair)
-            if pair[2] == mode and sim is not None:  # weighted by checks, capped: a pair seen once counts little
+            # weighted by checks, capped: a pair seen once counts little
+            if pair[2] == mode and sim is not None and pair[0] not in self.free:
                 checks = sum(p.checks for p in positions.values())
                 points.append((sim, self.pair_acceptance(pair), min(checks, CALIBRATION_WEIGHT_CAP)))
         return points
 
     def prior(self, pair: Pair) -> float:
+        if pair[0] in self.free:
+            return self.free_prior
         sim = self.similarity(pair)
         return self.default_acceptance if sim is None else self.calibration[pair[2]](sim)
 

@@ -11,13 +11,15 @@ from specrouter.profiler.metrics import Mode
 Pair = tuple[str, str, Mode]   # (drafter, verifier, mode)
 
 
-def candidate_chains(models: Sequence[str], target: str, max_levels: int) -> list[tuple[str, ...]]:
-    """Every chain of distinct models ending at the target, shortest first."""
+def candidate_chains(models: Sequence[str], target: str, max_levels: int,
+                     levels: Sequence[str] = ()) -> list[tuple[str, ...]]:
+    """Every chain of distinct models ending at the target, shortest first, then the same with each of
+    `levels` (model-free drafters, which can only start a chain) in front, within `max_levels` levels."""
     others = [m for m in models if m != target]
     chains = []
     for n in range(0, min(len(others), max_levels - 1) + 1):
         chains += [(*p, target) for p in itertools.permutations(others, n)]
-    return chains
+    return chains + [(level, *c) for level in levels for c in chains if len(c) < max_levels]
 
 
 def chain_pairs(chain: Sequence[str]) -> list[tuple[str, str]]:

@@ -38,7 +38,11 @@ class LatencyTable:
     along the last segment, never below the nearest).
     """
 
-    def __init__(self, points: Mapping[str, Mapping[tuple[int, int], tuple[float, float]]]):
+    def __init__(self, points: Mapping[str, Mapping[tuple[int, int], tuple[float, float]]],
+                 free: Sequence[str] = ()):
+        """`free`: levels that run no forward pass (the lookup), whose passes cost 0 here (what their calls
+        cost is the router's measured call overhead)."""
+        self.free = frozenset(free)
         self._by_batch: dict[str, dict[int, tuple[tuple[float, float], dict[int, tuple[float, float]]]]] = {}
         for model, pts in points.items():
             rows: dict[int, dict[int, tuple[float, float]]] = {}
@@ -50,7 +54,7 @@ class LatencyTable:
         self._cache: dict[tuple[str, int, int], float] = {}
 
     def models(self) -> set[str]:
-        return set(self._by_batch)
+        return set(self._by_batch) | self.free
 
     def line(self, model: str, batch_bucket: int) -> tuple[float, float]:
         """(intercept, slope) in k of the line fitted for the model at a measured batch bucket."""
@@ -64,6 +68,8 @@ class LatencyTable:
         return hit
 
     def _lookup(self, model: str, batch_size: int, tokens: int) -> float:
+        if model in self.free:
+            return 0.0
         by_batch = self._by_batch.get(model)
         if not by_batch:
             raise KeyError(f"no latency measured for model {model!r}")
@@ -142,11 +148,11 @@ def _interpolate(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
 LATENCY_WEIGHT_CAP = 32   # passes beyond which a measured point weighs no more in its line
 
 
-def latency_table(snapshot: Snapshot | None,
-                  warmup: Mapping[str, Sequence[tuple[int, int, int]]]) -> LatencyTable:
+def latency_table(snapshot: Snapshot | None, warmup: Mapping[str, Sequence[tuple[int, int, int]]],
+                  free: Sequence[str] = ()) -> LatencyTable:
     """Live latencies from the snapshot, weighted by the passes each averages; the workers' warm-up
     profile (one pass per point) fills what the snapshot lacks, scaled per model and batch size by
-    `warmup_scales`."""
+    `warmup_scales`. `free`: the levels that run no model (LatencyTable)."""
     live: dict[str, dict[tuple[int, int], tuple[float, float]]] = {}
     if snapshot is not None:
         for f in snapshot.forward:
@@ -159,7 +165,7 @@ def latency_table(snapshot: Snapshot | None,
         points[model] = {(b, k): (ns * scales[model](b), 1.0) for (b, k), ns in timings.items()}
     for model, measured in live.items():
         points.setdefault(model, {}).update(measured)
-    return LatencyTable(points)
+    return LatencyTable(points, free)
 
 
 def warmup_scales(warm: Mapping[str, Mapping[tuple[int, int], float]],

@@ -32,8 +32,7 @@ class Tally:
 
 def checks(report: CycleReport, verifier: str, row_index: int) -> tuple[int, int]:
     """(accepted, positions checked) of one row at the level of `verifier` in the cycle."""
-    accepted = report.accepted[verifier][row_index]
-    return accepted, min(accepted + 1, report.proposed[verifier][row_index])
+    return report.accepted[verifier][row_index], report.checked(verifier, row_index)
 
 
 @dataclass

@@ -99,7 +99,8 @@ class Planner:
     of each new one; `estimates` makes a snapshot's acceptance estimates; `overheads(batch size)` gives
     the router's (cycle overhead, call overheads per (model, passes), a batch-1 draft's later passes in
     single-token passes per (drafter, window)); `lock` guards what cycles write
-    and plans read; `counts` is the scheduler's, which the planner adds its "plans" and "stand_ins" to."""
+    and plans read; `counts` is the scheduler's, which the planner adds its "plans" and "stand_ins" to;
+    `free`: the levels that run no model, whose passes the latency table prices at 0."""
 
     def __init__(self, chains: Sequence[tuple[str, ...]], settings: SchedulerSettings,
                  snapshot: Callable[[], Snapshot | None], on_snapshot: Callable[[Snapshot, float], None],
@@ -107,10 +108,11 @@ class Planner:
                  warmup: Mapping[str, Sequence[tuple[int, int, int]]],
                  overheads: Callable[[int], tuple[float, Mapping[tuple[str, int], float],
                                               Mapping[tuple[str, int], float]]],
-                 lock: threading.RLock, clock: Callable[[], float], counts: dict[str, int]):
+                 lock: threading.RLock, clock: Callable[[], float], counts: dict[str, int],
+                 free: Sequence[str] = ()):
         self.chains, self.settings = list(chains), settings
         self._snapshot, self._on_snapshot, self._estimates = snapshot, on_snapshot, estimates
-        self._latency = functools.partial(latency_table, warmup=dict(warmup))
+        self._latency = functools.partial(latency_table, warmup=dict(warmup), free=tuple(free))
         self._overheads, self._lock, self._clock = overheads, lock, clock
         self.plans: dict[PlanKey, Plan] = {}
         self.inputs: Inputs | None = None

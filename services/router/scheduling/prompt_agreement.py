@@ -53,9 +53,11 @@ class PromptAgreement:
     def observe(self, report: CycleReport, rows: Sequence[Row]) -> None:
         """The pool's prompt agreement per pair: each row's, once per check at position 0 it ran; and the
         text the pool drafts on, every row's once per cycle it drafted in, for every pair (so that for the
-        pair the pool runs the two are one EMA; a cycle of the target alone moves neither)."""
+        pair the pool runs the two are one EMA; a cycle of the target alone moves neither). The lookup's
+        pairs, judged in every cycle (`CycleReport.shadow`), count as run."""
+        drafted = [any(counts[r_index] for counts in report.proposed.values()) for r_index in range(len(rows))]
         for r_index, r in enumerate(rows):
-            if not any(counts[r_index] for counts in report.proposed.values()):
+            if not drafted[r_index]:
                 continue
             mode = mode_of(r)
             for d, v in self.pairs:
@@ -64,10 +66,13 @@ class PromptAgreement:
                     text = self._text[(d, v, mode)]
                     text.alpha = self._alpha
                     text.add(hit[0] / hit[1])
-        for d, v in chain_pairs(report.chain):
+        ran = {(d, v): [bool(n) for n in report.proposed[v]] for d, v in chain_pairs(report.chain)}
+        for pair, per_row in report.shadow.items():   # judged without running, in the cycles that drafted
+            ran[pair] = [j is not None and j[1] > 0 and d for j, d in zip(per_row, drafted)]
+        for (d, v), checked in ran.items():
             for r_index, r in enumerate(rows):
                 hit = r.prompt_agreement.get((d, v))
-                if hit is None or not hit[1] or not report.proposed[v][r_index]:
+                if hit is None or not hit[1] or not checked[r_index]:
                     continue
                 pair = (d, v, mode_of(r))
                 self._reference[pair].alpha = self._alpha   # the snapshot's, which may change

@@ -54,11 +54,15 @@ class Scheduler:
     def __init__(self, models: Sequence[str], target: str, settings: SchedulerSettings | None = None,
                  snapshot: Callable[[], Snapshot | None] = lambda: None,
                  warmup: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
-                 offline_similarity: Sequence[PairSimilarity] = (), clock: Callable[[], float] = time.monotonic):
+                 offline_similarity: Sequence[PairSimilarity] = (), clock: Callable[[], float] = time.monotonic,
+                 levels: Sequence[str] = ()):
+        """`levels`: drafters that run no model (the lookup), planned at the front of every chain that has
+        room for one more level."""
         s = self.settings = settings or SchedulerSettings()
         self.target = target
         self.models = list(models)
-        self.chains = candidate_chains(models, target, s.max_levels)
+        self.levels = list(levels)
+        self.chains = candidate_chains(models, target, s.max_levels, levels)
         self.pairs = sorted({p for c in self.chains for p in chain_pairs(c)})
         self._offline = list(offline_similarity)
         self._clock = clock
@@ -78,7 +82,7 @@ class Scheduler:
         self._shares: dict[tuple[Pair, int], float] = {}
         self.ledgers = Ledgers()
         self.planner = Planner(self.chains, s, snapshot, self._note_snapshot, self._estimates, warmup or {},
-                               self._overheads, self.lock, clock, self.counts)
+                               self._overheads, self.lock, clock, self.counts, free=self.levels)
         self.policy = Policy(s, target, self.chains, self.pairs, self.freshness, clock, self.counts)
         self._batches: weakref.WeakKeyDictionary[ChainBatch, BatchState] = weakref.WeakKeyDictionary()
 
@@ -108,7 +112,7 @@ class Scheduler:
     def _estimates(self, snapshot: Snapshot | None) -> AcceptanceEstimates:
         s = self.settings
         return AcceptanceEstimates(snapshot, self._offline, s.prior_weight, s.default_acceptance, self._shares,
-                                   self.prompts.text_shifts())
+                                   self.prompts.text_shifts(), self.levels, s.lookup_prior)
 
     def _overheads(self, batch_size: int) -> tuple[float, dict[tuple[str, int], float], dict[tuple[str, int], float]]:
         return self.cycle_overheads.value(batch_size), self.call_overheads.value(batch_size), self.draft_passes.value()

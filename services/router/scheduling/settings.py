@@ -32,6 +32,8 @@ class SchedulerSettings(BaseModel):
     recent_cycles: float = 50.0         # a pair's measurements fade from its estimate over this many
                                         # reports of the pool run without it (acceptance.RecentReports)
     default_acceptance: float = 0.5     # prior of a pair with no similarity at all
+    lookup_prior: float = Field(0.3, ge=0.0, le=1.0)   # prior of a model-free level's proposals (the lookup's:
+                                        # no distribution, so no similarity to calibrate one from)
     overhead_alpha: float = 0.05        # EMA constant of the router's own per-call and per-cycle costs
     batch_odds_step: float = 0.25       # a batch's own acceptance shifts its plan in steps of this log-odds
     batch_odds_down: float = 1.5        # ... down by this much at most (0: never)

@@ -1,0 +1,161 @@
+"""The lookup level as the scheduler sees it: its measurements (its proposals that stop short, and the checks
+it gets in cycles it does not run in), its prompt guesses, its price, and the choice of `auto` between its
+chains and the models'."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specrouter.profiler.metrics import Mode
+from specrouter.router.chain import ChainBatch, CycleReport, Row
+from specrouter.router.lookup import LOOKUP, NO_GUESS, LookupProposer, judged, longest_match, prompt_guesses
+from specrouter.router.measurements import acceptance_counts
+from specrouter.router.scheduling.candidates import candidate_chains
+from specrouter.router.scheduling.scheduler import Scheduler
+from specrouter.router.scheduling.settings import SchedulerSettings
+from specrouter.worker.calls import SamplingParams, StepResult
+from tests.router.test_scheduler import DECODE_MS, GREEDY, Clock, FakeBatch, snapshot, snapshot_pb
+from specrouter.router.measurements import snapshot_from_pb
+
+CONTEXT = 256
+
+
+def test_candidates_put_each_model_free_level_in_front_of_the_chains_with_room() -> None:
+    chains = candidate_chains(["a", "b", "t"], "t", max_levels=3, levels=[LOOKUP])
+    assert chains == [("t",), ("a", "t"), ("b", "t"), ("a", "b", "t"), ("b", "a", "t"),
+                      (LOOKUP, "t"), (LOOKUP, "a", "t"), (LOOKUP, "b", "t")]
+
+
+def test_prompt_guesses_are_the_lookups_first_proposal_after_each_prefix() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        tokens = [rng.randrange(5) for _ in range(rng.randrange(0, 30))]
+        positions = rng.randrange(0, 35)
+        expected = []
+        for end in range(len(tokens) - min(positions, len(tokens)), len(tokens)):
+            proposal, _ = longest_match(tokens[:end + 1], 1)
+            expected.append(proposal[0] if proposal else NO_GUESS)
+        assert prompt_guesses(tokens, positions) == expected, (tokens, positions)
+
+
+def test_a_proposal_is_judged_up_to_its_first_difference_and_where_it_stops() -> None:
+    assert judged([1, 2, 3], [1, 2, 9, 4], 8) == (2, 3)
+    assert judged([1, 2, 3], [1, 2, 3, 4], 8) == (3, 4)      # stopped short: the next position is a rejection
+    assert judged([1, 2, 3, 4], [1, 2], 8) == (2, 2)          # only two positions judged, both accepted
+    assert judged([], [5, 6], 8) == (0, 1)                    # no proposal: position 0 rejected
+    assert judged([1, 2, 3], [1, 2, 3, 4], 2) == (2, 2)       # within the window
+
+
+def test_a_short_proposal_counts_its_missing_positions_as_one_rejection() -> None:
+    rows = [Row(str(i), [1, 2, 3], 3, SamplingParams(), 8) for i in range(3)]
+    # window 4: row 0 proposed 2 tokens, both accepted; row 1 nothing; row 2 four tokens, one accepted
+    report = CycleReport((LOOKUP, "t"), 4, emitted={}, accepted={"t": [2, 0, 1]}, proposed={"t": [2, 0, 4]},
+                         results={}, model_free=True)
+    counts = acceptance_counts(report, rows)
+    assert dict(counts) == {(LOOKUP, "t", Mode.GREEDY, 0): [2, 3], (LOOKUP, "t", Mode.GREEDY, 1): [1, 2],
+                            (LOOKUP, "t", Mode.GREEDY, 2): [0, 1]}
+    # a model's proposal is the window's whole: the same figures, read as a model's, stop at what it proposed
+    as_model = CycleReport(("a", "t"), 4, emitted={}, accepted={"t": [2, 0, 1]}, proposed={"t": [2, 0, 4]},
+                           results={})
+    assert dict(acceptance_counts(as_model, rows)) == {("a", "t", Mode.GREEDY, 0): [2, 2],
+                                                       ("a", "t", Mode.GREEDY, 1): [1, 2]}
+
+
+def _row(tokens, sampling=None) -> Row:
+    return Row("r", list(tokens), len(tokens), sampling or SamplingParams(), 40)
+
+
+@pytest.mark.parametrize("drafter_chain", [("s", "t"), ("m", "s", "t"), ("t",)])
+def test_the_shadow_check_is_what_the_lookup_chain_would_have_accepted(tiny_pool, drafter_chain) -> None:
+    """A cycle of another chain judges the lookup's proposal by the target's emitted tokens: the accepted count
+    equals that of a real lookup -> target cycle from the same state, up to the tokens the cycle emitted."""
+    rng = random.Random(11)
+    checked_any = accepted_any = 0
+    for trial in range(12):
+        period = [rng.randrange(1, 40) for _ in range(rng.randrange(2, 6))]
+        prompt = (period * 12)[: rng.randrange(12, 40)]   # repetitive: the lookup finds matches
+        runs = {}
+        for chain in (drafter_chain, (LOOKUP, "t")):
+            batch = ChainBatch({**tiny_pool, LOOKUP: LookupProposer(recent_tokens=0)}, "t", CONTEXT)
+            batch.add([_row(prompt)])
+            try:
+                runs[chain] = batch.step(chain, 8 if chain[0] == LOOKUP else 3)
+            finally:
+                batch.release()
+        mine, real = runs[drafter_chain], runs[(LOOKUP, "t")]
+        emitted = mine.emitted["r"]
+        accepted, checked = mine.shadow[(LOOKUP, "t")][0]
+        assert accepted == min(real.accepted["t"][0], len(emitted)), (prompt, emitted)
+        assert checked == min(accepted + 1, len(emitted), 8)
+        assert set(mine.shadow) == {(LOOKUP, "t"), (LOOKUP, drafter_chain[0])}   # and the drafter's draft judges
+        assert LOOKUP not in real.shadow and not real.shadow   # the lookup's own chain is measured as it runs
+        checked_any += checked
+        accepted_any += accepted
+    assert accepted_any > 0 and checked_any > accepted_any   # both outcomes seen
+
+
+def test_sampled_rows_get_no_shadow_check(tiny_pool) -> None:
+    batch = ChainBatch({**tiny_pool, LOOKUP: LookupProposer(recent_tokens=0)}, "t", CONTEXT)
+    sampled = Row("x", [3, 4, 3, 4, 3, 4, 3], 7, SamplingParams(temperature=1.0, seed=5), 20)
+    batch.add([_row([3, 4, 3, 4, 3, 4, 3]), sampled])
+    try:
+        report = batch.step(("s", "t"), 2)
+    finally:
+        batch.release()
+    greedy_check, sampled_check = report.shadow[(LOOKUP, "t")]
+    assert greedy_check is not None and sampled_check is None
+    counts = acceptance_counts(report, [batch_row for batch_row in (_row([0]), sampled)])
+    assert not any(key[2] is Mode.SAMPLING and key[0] == LOOKUP for key in counts)
+
+
+def _scheduler(acceptance, **settings) -> Scheduler:
+    return Scheduler(list(DECODE_MS), "t", SchedulerSettings(**settings), lambda: snapshot(acceptance),
+                     clock=Clock(), levels=[LOOKUP])
+
+
+def test_the_lookup_costs_no_pass_and_its_measured_call() -> None:
+    sched = _scheduler({("a", "t"): 0.7, (LOOKUP, "t"): 0.7})
+    plan = sched.planner.make(1, 0)
+    lookup_chain = plan.by_key[((LOOKUP, "t"), 4)]
+    assert lookup_chain.level_ns[0] == 0.0                  # no forward pass, no call measured yet
+    row = Row("0", [1, 2, 3], 3, SamplingParams(), 64)
+    row.seen = {m: 2 for m in (*DECODE_MS, LOOKUP)}
+    for _ in range(200):   # the router measured its calls at 0.3 ms each
+        report = CycleReport((LOOKUP, "t"), 4, emitted={"0": [5]}, accepted={"t": [0]}, proposed={"t": [4]},
+                             results={LOOKUP: StepResult(tokens=[[7] * 4], rows=[None])},
+                             call_ns={LOOKUP: 300_000}, model_free=True)
+        sched.observe(report, [row], 20_000_000, True)
+    priced = sched.planner.make(1, 0).by_key[((LOOKUP, "t"), 4)]
+    assert priced.level_ns[0] == pytest.approx(300_000, rel=0.01)
+    assert priced.level_ns[1:] == lookup_chain.level_ns[1:]
+
+
+@pytest.mark.parametrize("lookup_rate, picks_lookup", [(0.95, True), (0.1, False)])
+def test_auto_runs_the_lookup_where_its_measured_acceptance_pays(lookup_rate, picks_lookup) -> None:
+    # two levels: in front of a model that verifies, even a lookup that is always wrong leaves that model one
+    # token a pass of its own (a window-1 draft), so only (lookup, target) tells paying from not paying
+    sched = _scheduler({("a", "t"): 0.7, ("b", "t"): 0.75, (LOOKUP, "t"): lookup_rate}, explore_after_s=1e9,
+                       max_levels=2)
+    chain, window = sched.choose(FakeBatch(1))
+    assert (chain == (LOOKUP, "t")) == picks_lookup, (chain, window)
+    if picks_lookup:   # near-certain proposals that cost nothing: the longest window
+        assert window == max(sched.settings.windows)
+
+
+def test_a_lookup_pair_never_measured_takes_its_own_prior_and_stays_out_of_the_calibration() -> None:
+    sched = _scheduler({("a", "t"): 0.9}, lookup_prior=0.2)
+    estimates = sched.planner.make(1, 0).estimates
+    assert estimates.rates((LOOKUP, "t", Mode.GREEDY), 3)[:3] == pytest.approx([0.2] * 3)
+    assert estimates.prior(("b", "t", Mode.GREEDY)) != pytest.approx(0.2)
+    # measured, the lookup's rates follow what was measured, and the calibration of the models ignores them
+    measured = snapshot_pb({("a", "t"): 0.9, (LOOKUP, "t"): 0.05})
+    measured.similarity.add(drafter=LOOKUP, verifier="t", mode=GREEDY, ema_similarity=0.99, samples=100)
+    alone = snapshot_pb({("a", "t"): 0.9})
+    with_lookup = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snapshot_from_pb(measured),
+                            clock=Clock(), levels=[LOOKUP]).planner.make(1, 0).estimates
+    without = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snapshot_from_pb(alone),
+                        clock=Clock(), levels=[LOOKUP]).planner.make(1, 0).estimates
+    assert with_lookup.rates((LOOKUP, "t", Mode.GREEDY), 1)[0] < 0.1
+    assert with_lookup.calibration[Mode.GREEDY] == without.calibration[Mode.GREEDY]
