@@ -2,10 +2,16 @@
 
     python -m benchmarks.lookup [--pool DIR] [--prompts 8] [--new-tokens 64] [--rounds 3]
                                 [--kinds code,repetitive] [--no-services] [--json FILE]
+    python -m benchmarks.lookup --write-prompts FILE [--prompts 32]
+
+The second form writes `--prompts` prompts of each kind as JSON lines, for `specrouter bench --prompts FILE`
+(batched runs on the same held-out text).
 
 Two kinds of held-out text: Python code from third-party packages installed beside SpecRouter (unlike the
-pool's standard-library corpus), and repetitive tables (`report.workloads`). On each, in interleaved rounds
-(medians printed), what a user would run in one process with transformers (`generate`, assisted
+pool's standard-library corpus), and repetitive tables (`report.workloads`). Each round runs prompts of its
+own (`--prompts` a kind), so that no request repeats one the router ran before (the lookup also copies
+from earlier requests, and would copy a repeated prompt's whole answer). On each kind, in interleaved
+rounds (medians printed), what a user would run in one process with transformers (`generate`, assisted
 generation with the smallest drafter, prompt lookup: `report.peers`), SpecRouter's
 chains in this process (the router's chain step over the pool's engines), and the same chains through a
 local cluster's services (SDK -> router -> workers). Every output is checked against the target's own
@@ -25,7 +31,7 @@ from pathlib import Path
 from specrouter.inprocess import InProcessPool
 from specrouter.report import peers as hf
 from specrouter.report.machine import machine_line
-from specrouter.report.workloads import REPETITIVE, builtin_prompts
+from specrouter.report.workloads import REPETITIVE, repetitive_prompts
 from specrouter.router.lookup import LOOKUP
 from specrouter.worker.calls import SamplingParams
 
@@ -70,7 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=f"{CODE},{REPETITIVE}")
     ap.add_argument("--no-services", action="store_true", help="Measure in process only.")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--write-prompts", type=Path, help="Write the prompts as JSON lines and exit.")
     args = ap.parse_args(argv)
+    if args.write_prompts:
+        with args.write_prompts.open("w", encoding="utf-8") as out:
+            for kind, texts in ((CODE, third_party_code_prompts(args.prompts)),
+                                (REPETITIVE, repetitive_prompts(args.prompts))):
+                out.writelines(json.dumps({"kind": kind, "prompt": t}) + "\n" for t in texts)
+        return 0
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -80,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     peers = hf.PeerModels.load(args.pool)
     small = local.by_size()[0]
     kinds = args.kinds.split(",")
-    texts = {CODE: third_party_code_prompts(args.prompts) if CODE in kinds else [],
-             REPETITIVE: [p.prompt for p in builtin_prompts(args.prompts) if p.kind == REPETITIVE]}
-    prompts = {k: [local.encode(t) for t in texts[k]] for k in kinds}
+    total = args.prompts * args.rounds
+    every = {CODE: third_party_code_prompts(total) if CODE in kinds else [],
+             REPETITIVE: repetitive_prompts(total)}
+    # round r's prompts of each kind: the r-th slice
+    texts = {(k, r): every[k][r * args.prompts:(r + 1) * args.prompts] for k in kinds for r in range(args.rounds)}
+    prompts = {key: [local.encode(t) for t in ts] for key, ts in texts.items()}
     n = args.new_tokens
 
     # each run takes (text, its ids) and returns the new token ids
@@ -104,18 +120,21 @@ def main(argv: list[str] | None = None) -> int:
             runs[f"services: {label}"] = (lambda c, w: lambda text, ids: client.generate(
                 text, max_new_tokens=n, chain=",".join(c) or "auto", window=w).token_ids)(chain, window)
     try:
-        reference = {k: [hf.generate_target(peers, ids, n) for ids in prompts[k]] for k in kinds}
+        reference = {key: [hf.generate_target(peers, ids, n) for ids in ps] for key, ps in prompts.items()}
         seconds: dict[tuple[str, str], list[float]] = {}
+        tokens: dict[tuple[str, str], list[int]] = {}
         wrong: set[tuple[str, str]] = set()
+        warm = local.encode("def warm_up(self):\n    return self")   # a prompt of no round
         for label, run in runs.items():   # warm every path once
-            run(texts[kinds[0]][0], prompts[kinds[0]][0])
+            run("def warm_up(self):\n    return self", warm)
         for r in range(args.rounds):
             for kind in kinds:
                 for label, run in runs.items():
                     start = time.perf_counter()
-                    outs = [run(text, ids) for text, ids in zip(texts[kind], prompts[kind])]
+                    outs = [run(text, ids) for text, ids in zip(texts[(kind, r)], prompts[(kind, r)])]
                     seconds.setdefault((kind, label), []).append(time.perf_counter() - start)
-                    if outs != reference[kind]:
+                    tokens.setdefault((kind, label), []).append(sum(len(o) for o in outs))
+                    if outs != reference[(kind, r)]:
                         wrong.add((kind, label))
             print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
     finally:
@@ -125,15 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         logs.cleanup()
     results = {}
     for kind in kinds:
-        tokens = sum(len(o) for o in reference[kind])
-        base = statistics.median(seconds[(kind, "transformers generate")])
-        print(f"\n{kind}: {len(prompts[kind])} prompts, {n} new tokens, batch 1, greedy, "
+        # per round, tokens per second; a configuration's ratio is the median of its per-round ratios to
+        # `generate` on the same prompts
+        rate = {label: [t / s for t, s in zip(tokens[(kind, label)], seconds[(kind, label)])] for label in runs}
+        base = rate["transformers generate"]
+        print(f"\n{kind}: {args.prompts} prompts a round, {n} new tokens, batch 1, greedy, "
               f"median of {args.rounds} rounds")
         for label in runs:
-            s = statistics.median(seconds[(kind, label)])
-            results[f"{kind}/{label}"] = {"tokens_per_s": tokens / s, "over_generate": base / s}
+            speed = statistics.median(rate[label])
+            ratio = statistics.median(x / b for x, b in zip(rate[label], base))
+            results[f"{kind}/{label}"] = {"tokens_per_s": speed, "over_generate": ratio}
             flag = "  OUTPUT DIFFERS" if (kind, label) in wrong else ""
-            print(f"  {label:<40} {tokens / s:7.1f} tok/s  {base / s:5.2f}x generate{flag}")
+            print(f"  {label:<40} {speed:7.1f} tok/s  {ratio:5.2f}x generate{flag}")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine_line(), "results": results}, indent=1))
     return 1 if wrong else 0

@@ -192,6 +192,15 @@ _TEMPLATES = [
 ]
 
 
+def repetitive_prompts(n: int) -> list[str]:
+    """The first `n` repetitive prompts of the built-in workload (`builtin_prompts`' own, and more)."""
+    _, heldout = corpus.split(corpus.stdlib_files())
+    names_by_file = [n for n in (_identifiers(f.text) for f in heldout) if len(n) >= NAMES_PER_PROMPT]
+    if n > len(names_by_file) * len(_TEMPLATES):
+        raise ValueError(f"the repetitive workload holds {len(names_by_file) * len(_TEMPLATES)} prompts, not {n}")
+    return [_repetitive_prompt(k, names_by_file) for k in range(n)]
+
+
 def _repetitive_prompt(k: int, names_by_file: list[list[str]]) -> str:
     """Prompt `k`: file k mod F with template (k mod F + k div F) mod T, so each (file, template) pair once."""
     f, rnd = k % len(names_by_file), k // len(names_by_file)
