@@ -16,7 +16,7 @@ from specrouter.router.scheduling.candidates import candidate_chains
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.scheduling.settings import SchedulerSettings
 from specrouter.worker.calls import SamplingParams, StepResult
-from tests.router.test_scheduler import DECODE_MS, GREEDY, Clock, FakeBatch, snapshot, snapshot_pb
+from tests.router.scheduling.fakes import DECODE_MS, GREEDY, Clock, FakeBatch, snapshot, snapshot_pb
 from specrouter.router.measurements import snapshot_from_pb
 
 CONTEXT = 256

@@ -1,0 +1,160 @@
+"""The planner thread and its plans: inline refreshes, rounds, plans too old to serve, stand-ins, its niceness."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from specrouter.router.measurements import snapshot_from_pb
+from specrouter.router.scheduling.plans import PlanKey
+from specrouter.router.scheduling.scheduler import Scheduler
+from specrouter.router.scheduling.settings import SchedulerSettings
+from tests.router.scheduling.fakes import DECODE_MS, Clock, FakeBatch, make, snapshot, snapshot_pb
+
+
+def test_plans_are_refreshed_inline_when_the_planner_has_stopped() -> None:
+    clock = Clock()
+    sched, holder = make({("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}, clock,
+                         explore_after_s=1e9, recompute_s=0.01)
+    sched.start()
+    assert sched.choose(FakeBatch(1))[0] == ("a", "t")
+    sched.close()
+    sched.planner.thread.join(timeout=5)
+    assert not sched.planner.thread.is_alive()
+    holder["snapshot"] = snapshot({pair: 0.02 for pair in [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]})
+    clock.now += 1
+    assert sched.choose(FakeBatch(1)) == (("t",), 0)
+
+
+def test_the_planner_remakes_only_the_plans_asked_for_since_they_were_made() -> None:
+    clock = Clock()
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    sched, holder = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=1000.0,
+                         plan_max_age_s=1e9)
+    asked, idle = sched.plan(2, 0), sched.plan(3, 0)
+    sched.start()    # its first round is 1000 s away: the rounds below are called here
+    try:
+        holder["snapshot"] = snapshot({pair: 0.02 for pair in pairs})   # every plan is stale now
+        clock.now += 2000
+        assert sched.plan(2, 0) is asked          # served as it is; the next round remakes it
+        sched.planner.refresh()
+        fresh = sched.plan(2, 0)
+        assert fresh is not asked and fresh.predictions[0].chain == ("t",)
+        key = PlanKey(greedy=3, sampling=0, coupled=0, common=0, shift=0, pairs=None)
+        assert sched.planner.plans[key] is idle   # not asked for since it was made: left
+        assert sched.plan(3, 0) is idle
+        sched.planner.refresh()
+        assert sched.plan(3, 0) is not idle
+    finally:
+        sched.close()
+
+
+def test_a_plan_too_old_from_a_replaced_snapshot_is_not_served() -> None:
+    """A composition asked for again after `plan_max_age_s`, the snapshot having changed since its plan
+    was made, gets a plan of the latest snapshot: made now, or (a shift) the nearest servable shift's,
+    never the old ranking. The planner's rounds are 1000 s apart: it remakes nothing here itself."""
+    clock = Clock()
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    sched, holder = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=1000.0,
+                         plan_max_age_s=1.0)
+    old, old_shifted = sched.plan(1, 0), sched.plan(1, 0, common=-4)
+    assert old.predictions[0].chain != ("t",)
+    sched.start()
+    try:
+        time.sleep(0.05)                  # the planner waits for its round
+        holder["snapshot"] = snapshot({pair: 0.02 for pair in pairs})   # drafts are now nearly all rejected
+        clock.now += 0.5
+        assert sched.plan(1, 0) is old                     # young enough: served as it is
+        clock.now += 1.0
+        fresh_shifted = sched.plan(1, 0, common=-4)        # nothing servable near it: made now
+        assert fresh_shifted is not old_shifted and fresh_shifted.made_at == clock.now
+        assert fresh_shifted.predictions[0].chain == ("t",)
+        stand_ins = sched.counts["stand_ins"]
+        assert sched.plan(1, 0, common=-3) is fresh_shifted   # the nearest servable shift stands in
+        assert sched.counts["stand_ins"] == stand_ins + 1
+        fresh = sched.plan(1, 0)          # the unshifted plan is never a stand-in's: made now
+        assert fresh is not old and fresh.predictions[0].chain == ("t",)
+        clock.now += 5.0                  # old, but of the latest snapshot: still served
+        assert sched.plan(1, 0) is fresh
+    finally:
+        sched.close()
+
+
+def test_a_shift_not_planned_yet_wakes_the_planner() -> None:
+    """A decision asking for a shift the planner has not made is served by the nearest planned shift, and
+    the planner makes that shift's plan at once, not at its next round (`recompute_s`, here 1000 s away)."""
+    clock = Clock()
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    sched, _ = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=1000.0)
+    unshifted = sched.plan(1, 0)          # made inline: there is no other plan yet
+    sched.start()
+    try:
+        time.sleep(0.05)                  # the planner waits for its round
+        assert sched.plan(1, 0, common=-4) is unshifted     # the stand-in
+        assert sched.counts["stand_ins"] == 1
+        for _ in range(500):
+            if (1, 0, -4, 0, None) in sched.planner.plans:
+                break
+            time.sleep(0.01)
+        shifted_plan = sched.plan(1, 0, common=-4)
+        assert shifted_plan is not unshifted and sched.counts["stand_ins"] == 1
+        # every pair 1.0 down in log-odds (4 steps of 0.25): fewer tokens a cycle at every window
+        assert all(shifted_plan.by_key[k].emitted < p.emitted for k, p in unshifted.by_key.items() if k[1] > 0)
+    finally:
+        sched.close()
+    sched.planner.thread.join(timeout=5)
+    assert not sched.planner.thread.is_alive()        # closing wakes it to stop, not after its round
+    from specrouter.router.server import schedule_pb
+    assert schedule_pb(sched, 1, 0).stand_ins == 1    # on the wire, for the report
+
+
+def test_the_planner_survives_a_failing_snapshot() -> None:
+    clock = Clock()
+    pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
+    good, bad = snapshot({pair: 0.9 for pair in pairs}), snapshot_pb({pair: 0.02 for pair in pairs})
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] in (2, 3):
+            raise RuntimeError("profiler unreachable")
+        return good if calls["n"] < 4 else snapshot_from_pb(bad)
+
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, recompute_s=0.01), flaky,
+                      clock=clock)
+    sched.choose(FakeBatch(1))   # planned inline, with the first snapshot
+    sched.start()
+    try:
+        for _ in range(500):     # the planner fails twice, then picks up the new snapshot
+            clock.now += 1
+            if sched.plan(1, 0).predictions[0].chain == ("t",):
+                break
+            time.sleep(0.01)
+        assert sched.plan(1, 0).predictions[0].chain == ("t",) and calls["n"] >= 4
+        assert sched.planner.thread.is_alive()
+    finally:
+        sched.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own niceness is Linux's")
+@pytest.mark.parametrize("nice", [0, 7])
+def test_the_planner_thread_runs_nicer_than_the_router(nice: int) -> None:
+    """The planner raises its own thread's niceness by `planner_nice`; the thread that started it (the
+    router's, which runs the cycles) keeps its own."""
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    sched, _ = make({("a", "t"): 0.9}, recompute_s=1000.0, planner_nice=nice)
+    sched.start()
+    try:
+        tid = sched.planner.thread.native_id
+        expected = min(19, own + nice)
+        deadline = time.monotonic() + 5
+        while os.getpriority(os.PRIO_PROCESS, tid) != expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.getpriority(os.PRIO_PROCESS, tid) == expected
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+    finally:
+        sched.close()
