@@ -30,6 +30,7 @@ import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from opentelemetry import trace
 
@@ -51,6 +52,13 @@ IDLE_WAIT_S = 0.05
 ChooseChain = Callable[[ChainBatch, tuple[str, ...] | None, int], tuple[tuple[str, ...], int]]
 # after each cycle: (batch, report, rows, wall time of the whole cycle in ns, whether the router chose it)
 CycleDone = Callable[[ChainBatch, CycleReport, list[Row], int, bool], None]
+
+
+class BatchKey(NamedTuple):
+    """What a batch is for: the requests' named chain (None: auto) and window (0: the scheduler's)."""
+
+    chain: tuple[str, ...] | None
+    window: int
 
 
 class Batcher:
@@ -76,14 +84,14 @@ class Batcher:
         self.on_cycle_done = on_cycle_done
         self.on_emitted = on_emitted   # after each cycle: the tokens it handed to requests (stops applied)
         self._inbox: queue.Queue[RequestHandle] = queue.Queue()
-        self._batches: dict[tuple, ChainBatch] = {}
+        self._batches: dict[BatchKey, ChainBatch] = {}
         self._handles: dict[str, RequestHandle] = {}
         # rows that wait for room in their batch, bounded after a worker ran out of memory (oldest first)
-        self._waiting: dict[tuple, deque[tuple[RequestHandle, Row]]] = defaultdict(deque)
+        self._waiting: dict[BatchKey, deque[tuple[RequestHandle, Row]]] = defaultdict(deque)
         # how long rows wait for a replica of the target while none answers (0: they fail at once), and since
         # when each batch's rows have been waiting
         self.target_wait_s = target_wait_s
-        self._held: dict[tuple, float] = {}
+        self._held: dict[BatchKey, float] = {}
         self.orphans = Orphans(FAN_OUT)   # states left on replicas that did not answer their release
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
@@ -122,8 +130,8 @@ class Batcher:
                     if batch.rows:
                         self._cycle(key, batch)
                 except Exception as exc:  # noqa: BLE001 - a bug fails this batch's requests, not the router
-                    log.exception("batch of chain %s failed", key[0])
-                    self._fail_batch(batch, key[0] or (self.target,), exc)
+                    log.exception("batch of chain %s failed", key.chain)
+                    self._fail_batch(batch, key.chain or (self.target,), exc)
                 if not batch.rows and not self._waiting.get(key):
                     del self._batches[key]
                     self._waiting.pop(key, None)
@@ -144,17 +152,17 @@ class Batcher:
             return False
         while not self._inbox.empty():
             handles.append(self._inbox.get_nowait())
-        by_key: dict[tuple, list[RequestHandle]] = defaultdict(list)
+        by_key: dict[BatchKey, list[RequestHandle]] = defaultdict(list)
         for h in handles:
             if h.cancelled.is_set():   # cancelled before it was admitted: it still ends, as every request does
                 h.events.put(Failed(CancelledError("request cancelled")))
             else:
-                by_key[(h.request.chain, h.request.window)].append(h)
+                by_key[BatchKey(h.request.chain, h.request.window)].append(h)
         for key, group in by_key.items():
             self._admit_group(key, group)
         return True
 
-    def _admit_group(self, key: tuple, group: list[RequestHandle]) -> None:
+    def _admit_group(self, key: BatchKey, group: list[RequestHandle]) -> None:
         """Queues `group` for the batch of `key` (a new one placed on the replicas with the least load) and
         admits as many as fit (`_admit_waiting`)."""
         batch = self._batches.get(key)
@@ -192,7 +200,7 @@ class Batcher:
             for row in batch.remove(gone):
                 self._handles.pop(row.row_id).events.put(Failed(CancelledError("request cancelled")))
 
-    def _cycle(self, key: tuple, batch: ChainBatch) -> None:
+    def _cycle(self, key: BatchKey, batch: ChainBatch) -> None:
         started = time.perf_counter_ns()
         chain, window = key
         error = self._missing(chain, batch)
@@ -276,7 +284,7 @@ class Batcher:
         except Exception:  # noqa: BLE001 - measuring must never end a request
             log.exception("the %s failed on a cycle; the batch goes on", what)
 
-    def _shrink(self, key: tuple, batch: ChainBatch, chain: tuple[str, ...], window: int,
+    def _shrink(self, key: BatchKey, batch: ChainBatch, chain: tuple[str, ...], window: int,
                 exc: WorkerCallFailed) -> None:
         """A worker ran out of memory in the batch's cycle, which emitted nothing. The call may have stopped
         half way through, so the rows leave every worker and join again from their tokens (the same output):
@@ -294,7 +302,7 @@ class Batcher:
         elif used > 1:
             batch.max_window = used // 2
             change = f"a window of at most {batch.max_window}"
-        elif exc.model != self.target and exc.model in batch.workers and not (key[0] and exc.model in key[0]):
+        elif exc.model != self.target and exc.model in batch.workers and not (key.chain and exc.model in key.chain):
             drop, change = True, f"chains without {exc.model}"
         else:
             self._fail_batch(batch, chain, OutOfMemory(
@@ -309,7 +317,7 @@ class Batcher:
             batch.drop_model(exc.model)
         self._waiting[key].extendleft(reversed(list(zip(handles, rows))))
 
-    def _admit_waiting(self, key: tuple, batch: ChainBatch) -> None:
+    def _admit_waiting(self, key: BatchKey, batch: ChainBatch) -> None:
         """Rows waiting for `batch` join it, as many as fit, the oldest first, prefilled on the models that
         are up from their tokens (a row that ran before goes on where it stopped). A prefill that a worker
         refuses for some rows ends those rows alone (a drafter's refusal drops the drafter instead); one that
@@ -327,7 +335,7 @@ class Batcher:
             for model, worker in list(batch.workers.items()):
                 if model != self.target and not self.health.is_up(worker):
                     batch.drop_model(model)
-            error = self._missing(key[0], batch)
+            error = self._missing(key.chain, batch)
             if error is not None:
                 while waiting:
                     waiting.popleft()[0].events.put(Failed(error))
@@ -376,7 +384,7 @@ class Batcher:
                 h.joined_ns = h.joined_ns or now
                 self._handles[h.row_id] = h
 
-    def _target_answers(self, key: tuple, batch: ChainBatch) -> bool:
+    def _target_answers(self, key: BatchKey, batch: ChainBatch) -> bool:
         """Whether the batch's replica of the target is up, or another that is takes its place (a batch with
         no rows moves at no cost). While none is, the batch's rows wait, up to `target_wait_s` from when it
         began waiting; then they fail UNAVAILABLE. With no wait allowed, the prefill is tried all the same, so
@@ -412,12 +420,12 @@ class Batcher:
                 loads[id(worker)] += rows
         return loads
 
-    def _recover(self, key: tuple, batch: ChainBatch, exc: WorkerCallFailed,
+    def _recover(self, key: BatchKey, batch: ChainBatch, exc: WorkerCallFailed,
                  waiting: list[tuple[RequestHandle, Row]] = ()) -> bool:
         """Whether `batch` goes on after a call that failed as a whole (`Placement.recover`); rows that moved to
         another replica of the target, or wait for one, join again first in line, before `waiting` (rows of a
         prefill that failed, which wait again)."""
-        rows = self.placement.recover(batch, exc, self._loads(), named=key[0] or (), hold=self.target_wait_s > 0)
+        rows = self.placement.recover(batch, exc, self._loads(), named=key.chain or (), hold=self.target_wait_s > 0)
         if rows is None:
             return False
         self._waiting[key].extendleft(reversed([*[(self._handles.pop(r.row_id), r) for r in rows], *waiting]))

@@ -175,8 +175,9 @@ def test_each_response_says_where_its_cycles_spent_their_time(client, local, pro
 
 
 def test_continuous_batching_keeps_each_requests_output(client, prompts) -> None:
-    """Requests of different lengths and parameters, arriving while others run, give what each gives alone."""
-    specs = [dict(max_new_tokens=40), dict(max_new_tokens=8, temperature=0.9, seed=3),
+    """Requests of different lengths and parameters, each joining the batch while the first one runs, give
+    what each gives alone."""
+    specs = [dict(max_new_tokens=300), dict(max_new_tokens=8, temperature=0.9, seed=3),
              dict(max_new_tokens=30, temperature=1.1, top_k=20, seed=4), dict(max_new_tokens=16, repetition_penalty=1.3),
              dict(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=5), dict(max_new_tokens=12)]
     # a named chain: sampled tokens are a function of (seed, cycle, level), so a seed reproduces them for a
@@ -184,13 +185,29 @@ def test_continuous_batching_keeps_each_requests_output(client, prompts) -> None
     chain = dict(chain="stdlib-1m,stdlib-29m", window=4)
     alone = [client.generate(p, **s, **chain).token_ids for p, s in zip(prompts, specs)]
 
-    def late(i):
-        time.sleep(0.15 * i)  # arrive while earlier requests run
-        return client.generate(prompts[i], **specs[i], **chain).token_ids
+    together: list[list[int]] = [[] for _ in specs]
+    first_done = threading.Event()
 
-    with futures.ThreadPoolExecutor(len(specs)) as pool:
-        together = list(pool.map(late, range(len(specs))))
+    def run(i: int, started: threading.Event) -> None:
+        for chunk in client.generate_stream(prompts[i], **specs[i], **chain):
+            together[i] += chunk.token_ids
+            started.set()
+        if i == 0:
+            first_done.set()
+
+    # each request is sent once the one before it streams, and must stream before the first one ends: it
+    # joined the batch (one chain and window: one batch) while that batch ran
+    joined, threads = [], []
+    for i in range(len(specs)):
+        started = threading.Event()
+        threads.append(threading.Thread(target=run, args=(i, started)))
+        threads[-1].start()
+        assert started.wait(60), f"request {i} sent nothing"
+        joined.append(not first_done.is_set())
+    for t in threads:
+        t.join(120)
     assert together == alone
+    assert all(joined), joined
     assert not any(wait_no_states(client).values())
 
 
@@ -449,7 +466,8 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
         [("code", 1), ("code", 2), ("prose", 1), ("prose", 2), ("switching:code>prose", 1)]
     for run in report["runs"]:
         assert run["target_only_tokens_per_s"] > 0 and run["adaptive_tokens_per_s"] > 0
-        assert len(run["static"]) == 5    # target-only and 4 chains at window 2
+        # target-only and every chain at window 2: 4 of the models, and the same 5 with the lookup in front
+        assert len(run["static"]) == 10
         for x in run["static"]:
             assert {"chain", "window", "tokens_per_s", "predicted_t_eff_ms", "measured_t_eff_ms"} <= set(x)
             assert x["predicted_t_eff_ms"] > 0 and x["measured_t_eff_ms"] > 0
@@ -471,7 +489,7 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
             assert all(x["outside_cycles_ms_per_token"] > 0 for x in runoff["static"])
         assert runoff["adaptive_over_best_static"] == pytest.approx(
             runoff["adaptive_tokens_per_s"] / max(x["tokens_per_s"] for x in runoff["static"]))
-        assert runoff["adaptive_over_best_static_se"] >= 0   # from 4 waves at least
+        assert runoff["adaptive_over_best_static_se"] > 0   # from 4 waves at least, which never run alike
         chosen = run["adaptive"]["per_config"]   # every cycle of adaptive, by what it chose
         assert sum(c["cycles"] for c in chosen.values()) == run["adaptive"]["cycles"] > 0
         assert all(c["predicted_emitted"] >= 1 and c["measured_cycle_ms"] > 0 for c in chosen.values())
@@ -490,7 +508,7 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
             label = ",".join(x["chain"]) + (f" W{x['window']}" if len(x["chain"]) > 1 else "")
             assert x["cycles_by_rows"] and {c["config"] for c in x["cycles_by_rows"]} == {label}
         assert set(runoff["planning_ms_per_s"]) == {"adaptive", "stdlib-29m", f"{','.join(screened['chain'])} W2"}
-        assert all(v >= 0 for v in runoff["planning_ms_per_s"].values())
+        assert runoff["planning_ms_per_s"]["adaptive"] > 0   # its decisions were planned
     assert report["acceptance"] and all({"pair", "predicted", "realized"} <= set(a) for a in report["acceptance"])
     assert set(report["checks"]) >= {"adaptive_within_5pct_of_best_static", "acceptance_within_0.05"}
     assert "%]" in out.stderr or "min left" in out.stderr   # progress, one line per run

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from specrouter.router.chain import CycleReport, Row
 from specrouter.router.scheduling.candidates import Pair, chain_pairs, mode_of
@@ -47,7 +48,13 @@ class Ledger:
     pairs: dict[Pair, Tally] = field(default_factory=lambda: defaultdict(Tally))
 
 
-LedgerKey = tuple[tuple[str, ...], int, int, bool]   # (chain, window (0 for the target alone), batch size, auto)
+class LedgerKey(NamedTuple):
+    """Which cycles a ledger adds up."""
+
+    chain: tuple[str, ...]
+    window: int        # 0 for the target alone
+    batch_size: int
+    adaptive: bool     # chosen by the scheduler, or named by the requests
 
 
 class Ledgers:
@@ -58,7 +65,7 @@ class Ledgers:
                 prediction: Prediction | None) -> None:
         """One finished cycle, against `prediction` when the scheduler made one for it."""
         batch = len(rows)
-        ledger = self._by_key[(report.chain, report.window if len(report.chain) > 1 else 0, batch, auto)]
+        ledger = self._by_key[LedgerKey(report.chain, report.window if len(report.chain) > 1 else 0, batch, auto)]
         ledger.cycles += 1
         ledger.cycle_ns += cycle_ns
         ledger.emitted += sum(len(report.emitted[r.row_id]) for r in rows) / batch

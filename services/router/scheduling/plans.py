@@ -46,6 +46,11 @@ class PlanKey(NamedTuple):
     shift: int
     pairs: frozenset[tuple[str, str]] | None
 
+    @property
+    def composition(self) -> tuple[int, int, int]:
+        """Rows per decoding mode (greedy, sampling, coupled), bucketed."""
+        return self.greedy, self.sampling, self.coupled
+
 
 @dataclass
 class Plan:
@@ -215,7 +220,7 @@ class Planner:
             plan = None
         if plan is None and (shift or common) and planner_running:
             near = [k for k, p in self.plans.items()
-                    if k[:3] == key[:3] and k.pairs in (key.pairs, None) and self._servable(p, now)]
+                    if k.composition == key.composition and k.pairs in (key.pairs, None) and self._servable(p, now)]
             if near:
                 self.counts["stand_ins"] += 1
                 self._wake.set()

@@ -65,7 +65,7 @@ def test_a_plan_too_old_from_a_replaced_snapshot_is_not_served() -> None:
     assert old.predictions[0].chain != ("t",)
     sched.start()
     try:
-        time.sleep(0.05)                  # the planner waits for its round
+        assert sched.planner.thread.is_alive()   # its first round is `recompute_s` away
         holder["snapshot"] = snapshot({pair: 0.02 for pair in pairs})   # drafts are now nearly all rejected
         clock.now += 0.5
         assert sched.plan(1, 0) is old                     # young enough: served as it is
@@ -93,7 +93,7 @@ def test_a_shift_not_planned_yet_wakes_the_planner() -> None:
     unshifted = sched.plan(1, 0)          # made inline: there is no other plan yet
     sched.start()
     try:
-        time.sleep(0.05)                  # the planner waits for its round
+        assert sched.planner.thread.is_alive()   # its first round is `recompute_s` away
         assert sched.plan(1, 0, common=-4) is unshifted     # the stand-in
         assert sched.counts["stand_ins"] == 1
         for _ in range(500):
