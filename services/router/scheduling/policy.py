@@ -5,7 +5,9 @@
 - batches draft at most `batch_max_window` tokens (unless the requests named the window): the tail
   score treats a batch's rows as alike but for chance, and rows of one kind of text differ for good (on
   literal tables one accepts nearly every draft, another half of them); a long window speeds up the rows
-  that accept well and barely the others, and the batch waits for those;
+  that accept well and barely the others, and the batch waits for those while the drafter drafts. A
+  chain that starts with a model-free level (the lookup) drafts for nothing, so its windows are not
+  bounded: a longer proposal costs only the tokens its verifier feeds, which the cost model prices;
 - settle (hysteresis): the batch keeps its chain unless another chain is predicted faster by
   `chain_hysteresis`, counting the catch-up of models that sat out (their pending tokens) spread over the
   cycles the batch is expected to run on (`switch_horizon_cycles` at most: a batch about to finish cannot
@@ -56,8 +58,10 @@ class BatchState:
 class Policy:
     def __init__(self, settings: SchedulerSettings, target: str, chains: Sequence[tuple[str, ...]],
                  pairs: Sequence[tuple[str, str]], freshness: PairFreshness, clock: Callable[[], float],
-                 counts: dict[str, int]):
+                 counts: dict[str, int], free: Sequence[str] = ()):
+        """`free`: the levels that run no model (their chains' windows are not bounded at batch sizes > 1)."""
         self.settings, self.target, self.chains, self.pairs = settings, target, list(chains), list(pairs)
+        self.free = frozenset(free)
         self.freshness, self._clock, self.counts = freshness, clock, counts
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
@@ -80,8 +84,10 @@ class Policy:
         # a draft longer than any row has tokens left to emit is drafted for nothing (a cycle emits at most
         # window + 1): the candidates that fit, unless the window was named; if none fits (a named chain with
         # one token left), every window emits that token alone and the cheapest cycle is the best
-        room = min(tokens_left(rows), s.batch_max_window + 1 if len(rows) > 1 else math.inf)
-        candidates = named if window else ([p for p in named if len(p.chain) == 1 or p.window < room]
+        left = tokens_left(rows)
+        room = min(left, s.batch_max_window + 1 if len(rows) > 1 else math.inf)
+        candidates = named if window else ([p for p in named if len(p.chain) == 1
+                                            or p.window < (left if p.chain[0] in self.free else room)]
                                            or [min(named, key=lambda p: p.cost_ns)])
         if score is not t_eff:   # by the bound, cheap to compute: the score is never below it
             candidates = sorted(candidates, key=lambda p: p.scaled_cost_ns(scales) / p.emitted)

@@ -83,7 +83,7 @@ class Scheduler:
         self.ledgers = Ledgers()
         self.planner = Planner(self.chains, s, snapshot, self._note_snapshot, self._estimates, warmup or {},
                                self._overheads, self.lock, clock, self.counts, free=self.levels)
-        self.policy = Policy(s, target, self.chains, self.pairs, self.freshness, clock, self.counts)
+        self.policy = Policy(s, target, self.chains, self.pairs, self.freshness, clock, self.counts, self.levels)
         self._batches: weakref.WeakKeyDictionary[ChainBatch, BatchState] = weakref.WeakKeyDictionary()
 
     @property

@@ -39,6 +39,7 @@ from specrouter.report.bench_results import (
     TMO, Breakdown, BreakdownSum, Cell, Check, Entry, Mismatch, Screened, Spread, agreeing, assisted_label,
     evaluate_checks, find_mismatches, set_ratios, tokens_per_s)
 from specrouter.report.inflight import in_flight
+from specrouter.report.machine import machine_line
 from specrouter.report.scheduler_results import Config as ServiceConfig   # (chain or None for adaptive, window)
 from specrouter.report.workloads import Prompt, by_kind
 from specrouter.router.lookup import LOOKUP
@@ -104,6 +105,7 @@ class BenchReport:
     mismatches: list[Mismatch]
     checks: list[Check]
     seconds: float
+    machine: str = ""   # report.machine.machine_line() of the machine that ran it
 
 
 class BenchError(ValueError):
@@ -318,7 +320,8 @@ class Bench:
             mismatches.extend(found)
         set_ratios(results)
         checks = evaluate_checks(results, mismatches, self.drafters)
-        return BenchReport(self.settings, self.models, results, mismatches, checks, time.perf_counter() - started)
+        return BenchReport(self.settings, self.models, results, mismatches, checks, time.perf_counter() - started,
+                           machine_line())
 
     def close(self) -> None:
         self.client.close()

@@ -121,7 +121,7 @@ def breakdown_table(cells: Sequence[Cell]) -> list[str]:
 
 def format_markdown(report: BenchReport) -> str:
     s = report.settings
-    lines = ["# SpecRouter bench", "",
+    lines = ["# SpecRouter bench", "", *([report.machine, ""] if report.machine else []),
              f"Greedy, {s.max_new_tokens} new tokens a request, {s.rounds} rounds (median; range min-max), "
              f"screening windows {', '.join(map(str, s.windows))}, three-level window {s.three_level_window}; "
              f"models {', '.join(f'{m.name} ({m.parameters:,})' for m in report.models)}, {s.dtype} on "

@@ -159,3 +159,16 @@ def test_a_lookup_pair_never_measured_takes_its_own_prior_and_stays_out_of_the_c
                         clock=Clock(), levels=[LOOKUP]).planner.make(1, 0).estimates
     assert with_lookup.rates((LOOKUP, "t", Mode.GREEDY), 1)[0] < 0.1
     assert with_lookup.calibration[Mode.GREEDY] == without.calibration[Mode.GREEDY]
+
+
+def test_a_batch_bounds_the_models_windows_but_not_the_lookups() -> None:
+    """`batch_max_window` holds a batch's drafters to short windows (the batch waits while a drafter drafts);
+    the lookup drafts for nothing, so its chain may take the longest window the cost model prices best."""
+    models_only = _scheduler({("a", "t"): 0.98, ("b", "t"): 0.98, (LOOKUP, "t"): 0.01}, explore_after_s=1e9,
+                             max_levels=2, batch_max_window=3)
+    chain, window = models_only.choose(FakeBatch(4))
+    assert chain[0] != LOOKUP and window <= 3, (chain, window)
+    with_lookup = _scheduler({("a", "t"): 0.5, ("b", "t"): 0.5, (LOOKUP, "t"): 0.98}, explore_after_s=1e9,
+                             max_levels=2, batch_max_window=3)
+    chain, window = with_lookup.choose(FakeBatch(4))
+    assert chain == (LOOKUP, "t") and window > 3, (chain, window)
