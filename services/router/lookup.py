@@ -34,7 +34,7 @@ MIN_NGRAM = 1
 NO_GUESS = -1   # no token id: where the lookup has no proposal, its guess agrees with no model's
 
 
-SHADOW_WINDOW = 8         # positions of the lookup's proposal judged in cycles it does not run in
+SHADOW_WINDOW = 16        # positions of the lookup's proposal judged in cycles it does not run in
 RECENT_TOKENS = 1 << 16   # tokens of earlier rows the lookup keeps for all requests (about 15 MB)
 RECENT_MIN_NGRAM = 3      # a match in another request's tokens must be at least this long
 

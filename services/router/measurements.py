@@ -28,10 +28,12 @@ QUEUE_LIMIT = 1024  # cycles waiting to be reported; beyond it the oldest measur
 REPORT_PERIOD_S = 0.2
 
 
-def acceptance_counts(report: CycleReport, rows: Sequence[Row]) -> dict[tuple[str, str, Mode, int], list[int]]:
+def acceptance_counts(report: CycleReport, rows: Sequence[Row], shadow: bool = True,
+                      ) -> dict[tuple[str, str, Mode, int], list[int]]:
     """Per (drafter, verifier, mode, draft position): [accepted, proposed] over the cycle's rows, each row's
     proposal tested up to its first rejection (so accepted / proposed at a position is the chance that a
-    token there is accepted once every token before it was; `CycleReport.checked`)."""
+    token there is accepted once every token before it was; `CycleReport.checked`). With `shadow`, also
+    the lookup's proposals judged in a cycle that did not run it (`CycleReport.shadow`)."""
     chain = report.chain
     counts: dict[tuple[str, str, Mode, int], list[int]] = defaultdict(lambda: [0, 0])
     for level in range(1, len(chain)):
@@ -41,7 +43,7 @@ def acceptance_counts(report: CycleReport, rows: Sequence[Row]) -> dict[tuple[st
                 c = counts[(drafter, verifier, mode_of(row), position)]
                 c[0] += position < accepted
                 c[1] += 1
-    for (drafter, verifier), per_row in report.shadow.items():   # the lookup's, judged where it did not run
+    for (drafter, verifier), per_row in (report.shadow if shadow else {}).items():   # judged, not run
         for row, judgement in zip(rows, per_row):
             if judgement is not None:
                 accepted, checked = judgement

@@ -70,7 +70,9 @@ class RouterMetrics:
         self.cycles.labels(chain, str(report.window) if len(report.chain) > 1 else "0").inc()
         self.batch_size.observe(len(rows))
         self.cycle_seconds.labels(chain).observe(cycle_ns / 1e9)
-        for (drafter, verifier, greedy, position), (accepted, proposed) in acceptance_counts(report, rows).items():
+        # the checks that ran (the lookup's judged-without-running ones go to the profiler alone)
+        counts = acceptance_counts(report, rows, shadow=False)
+        for (drafter, verifier, greedy, position), (accepted, proposed) in counts.items():
             labels = (drafter, verifier, mode_label(greedy), str(position))
             self.accepted.labels(*labels).inc(accepted)
             self.proposed.labels(*labels).inc(proposed)

@@ -426,8 +426,11 @@ def test_schedule_ranks_every_candidate_and_shows_its_estimates(cluster, client)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most" in error.value.details()
     got = {(tuple(c.chain), c.window) for c in reply.candidates}
     chains = [(small, target), (mid, target), (small, mid, target), (mid, small, target)]
-    chains += [(LOOKUP, *c) for c in [(target,), *chains]]   # the model-free level in front, within 4 levels
-    assert got == {((target,), 0)} | {(c, w) for c in chains for w in range(1, 9)}
+    # the model-free level in front, within 4 levels, at longer windows too as far as each level's
+    # hand-up stays within 16 tokens
+    lookups = [(LOOKUP, *c) for c in [(target,), *chains]]
+    longer = {(c, w) for c in lookups for w in (12, 15) if w + len(c) - 2 <= 16}
+    assert got == {((target,), 0)} | {(c, w) for c in chains + lookups for w in range(1, 9)} | longer
     t_eff = [c.predicted_t_eff_ms for c in reply.candidates]
     assert t_eff == sorted(t_eff) and all(t > 0 for t in t_eff)
     assert all(abs(c.predicted_t_eff_ms - c.predicted_cycle_ms / c.predicted_emitted) < 1e-6 for c in reply.candidates)

@@ -27,11 +27,16 @@ class PairFreshness:
                 self._seen_at[pair] = max(self._seen_at.get(pair, -math.inf), now)
 
     def observe(self, report: CycleReport, rows: Sequence[Row], now: float) -> None:
-        """The pairs of the cycle's chain, in the modes of its rows, were measured now."""
+        """The pairs of the cycle's chain, in the modes of its rows, were measured now; so were the lookup's
+        pairs its rows were judged for without running it (`CycleReport.shadow`)."""
         modes = {mode_of(r) for r in rows}
         for d, v in chain_pairs(report.chain):
             for mode in modes:
                 self._seen_at[(d, v, mode)] = now
+        for (d, v), judged in report.shadow.items():
+            for r, judgement in zip(rows, judged):
+                if judgement is not None:
+                    self._seen_at[(d, v, mode_of(r))] = now
 
     def mark(self, pair: Pair, now: float) -> None:
         """The pair was asked for (an exploration cycle), so that it is not asked for again before the

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from specrouter.profiler.metrics import Mode, bucket
 from specrouter.router.chain import TARGET_ONLY_BLOCK
+from specrouter.router.requests import MAX_WINDOW
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, shifted
 from specrouter.router.scheduling.candidates import chain_pairs
 from specrouter.router.scheduling.cycle_cost import Prediction, RowGroup, call_overhead, predict
@@ -118,6 +119,7 @@ class Planner:
         self.chains, self.settings = list(chains), settings
         self._snapshot, self._on_snapshot, self._estimates = snapshot, on_snapshot, estimates
         self._latency = functools.partial(latency_table, warmup=dict(warmup), free=tuple(free))
+        self._free = frozenset(free)
         self._overheads, self._lock, self._clock = overheads, lock, clock
         self.plans: dict[PlanKey, Plan] = {}
         self.inputs: Inputs | None = None
@@ -126,10 +128,22 @@ class Planner:
         self._version = 0
         self._last_snapshot_id = None
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
-        self._finish_reach = FINISH_HORIZON + max(settings.windows) + 1   # tokens left a finish is costed to
+        longest = max(max(w) for c in self.chains if len(c) > 1 for w in [self.windows(c)]) if len(self.chains) > 1 else 0
+        self._finish_reach = FINISH_HORIZON + longest + 1   # tokens left a finish is costed to
         self._stop = threading.Event()
         self._wake = threading.Event()   # a decision asked for a plan the planner has not made
         self.thread: threading.Thread | None = None
+
+    def windows(self, chain: Sequence[str]) -> list[int]:
+        """The windows a chain is planned at: `windows`, and `lookup_windows` for a chain that starts with a
+        model-free level, where each level above hands up one token more than it was given within the
+        longest proposal a worker takes (MAX_WINDOW); [0] for the target alone."""
+        if len(chain) == 1:
+            return [0]
+        s = self.settings
+        if chain[0] not in self._free:
+            return list(s.windows)
+        return sorted({*s.windows, *(w for w in s.lookup_windows if w + len(chain) - 2 <= MAX_WINDOW)})
 
     @property
     def finish_reach(self) -> int:
@@ -255,8 +269,8 @@ class Planner:
         for chain in self.chains:
             if not all(m in latency.models() for m in chain):
                 continue
-            depth = max(s.windows) + len(chain)
-            windows = s.windows if len(chain) > 1 else [0]
+            windows = self.windows(chain)
+            depth = max(windows) + len(chain)
             groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in chain_pairs(chain)]
                             for mode, n in counts.items() if n}
             if shift or common:

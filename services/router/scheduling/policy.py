@@ -154,7 +154,9 @@ class Policy:
             p = next((p for p in predictions if (d, v) in chain_pairs(p.chain)), None)
             if p is None or (overdue < s.explore_patience and catch_up_ns(plan, p.chain, rows) > 0):
                 continue
-            window = min(max(s.windows), p.window + s.explore_extra_window)
+            window = p.window + s.explore_extra_window
+            if (p.chain, window) not in plan.by_key:   # past the chain's longest window: its best stands
+                window = p.window
             prediction = plan.by_key.get((p.chain, window), p)
             self.freshness.mark((d, v, mode), now)   # asked for; the snapshot confirms it later
             return Decision(p.chain, window, prediction)

@@ -10,6 +10,10 @@ class SchedulerSettings(BaseModel):
     """Every knob of the scheduler; the defaults are the ones measured best on the demo pool."""
 
     windows: list[int] = Field(default_factory=lambda: list(range(1, 9)))  # draft windows considered
+    # longer windows the lookup's chains also consider: its drafts cost nothing, and where the text repeats
+    # itself its copies run long (within the workers' longest proposal, 16 tokens, at every level; 15 so
+    # that the target's pass, 16 tokens, stays in the profiler's exact buckets)
+    lookup_windows: list[int] = Field(default_factory=lambda: [12, 15])
     max_levels: int = 4                 # longest chain considered (the pool's permutations grow fast)
     recompute_s: float = 0.25           # a batch composition's ranking is at most this old
     plan_max_age_s: float = Field(1.0, gt=0.0)   # ... when in use; one older, of a replaced snapshot, is not

@@ -10,7 +10,8 @@ import pytest
 
 from specrouter.profiler.metrics import Mode
 from specrouter.router.chain import ChainBatch, CycleReport, Row
-from specrouter.router.lookup import LOOKUP, NO_GUESS, LookupProposer, judged, longest_match, prompt_guesses
+from specrouter.router.lookup import (LOOKUP, NO_GUESS, SHADOW_WINDOW, LookupProposer, judged, longest_match,
+                                     prompt_guesses)
 from specrouter.router.measurements import acceptance_counts
 from specrouter.router.scheduling.candidates import candidate_chains
 from specrouter.router.scheduling.scheduler import Scheduler
@@ -88,7 +89,7 @@ def test_the_shadow_check_is_what_the_lookup_chain_would_have_accepted(tiny_pool
         emitted = mine.emitted["r"]
         accepted, checked = mine.shadow[(LOOKUP, "t")][0]
         assert accepted == min(real.accepted["t"][0], len(emitted)), (prompt, emitted)
-        assert checked == min(accepted + 1, len(emitted), 8)
+        assert checked == min(accepted + 1, len(emitted), SHADOW_WINDOW)
         assert set(mine.shadow) == {(LOOKUP, "t"), (LOOKUP, drafter_chain[0])}   # and the drafter's draft judges
         assert LOOKUP not in real.shadow and not real.shadow   # the lookup's own chain is measured as it runs
         checked_any += checked
@@ -140,8 +141,8 @@ def test_auto_runs_the_lookup_where_its_measured_acceptance_pays(lookup_rate, pi
                        max_levels=2)
     chain, window = sched.choose(FakeBatch(1))
     assert (chain == (LOOKUP, "t")) == picks_lookup, (chain, window)
-    if picks_lookup:   # near-certain proposals that cost nothing: the longest window
-        assert window == max(sched.settings.windows)
+    if picks_lookup:   # near-certain proposals that cost nothing: a window only the lookup's chains have
+        assert window > max(sched.settings.windows)
 
 
 def test_a_lookup_pair_never_measured_takes_its_own_prior_and_stays_out_of_the_calibration() -> None:
@@ -172,3 +173,21 @@ def test_a_batch_bounds_the_models_windows_but_not_the_lookups() -> None:
                              max_levels=2, batch_max_window=3)
     chain, window = with_lookup.choose(FakeBatch(4))
     assert chain == (LOOKUP, "t") and window > 3, (chain, window)
+
+
+def test_the_lookups_chains_are_planned_at_longer_windows_too() -> None:
+    """`lookup_windows` for the chains that start with the lookup, as far as every level's hand-up stays
+    within the longest proposal a worker takes; a lookup that nearly always copies right takes the longest."""
+    sched = _scheduler({("a", "t"): 0.7, ("b", "t"): 0.7, ("a", "b"): 0.7, ("b", "a"): 0.7, (LOOKUP, "t"): 0.98,
+                        (LOOKUP, "a"): 0.5, (LOOKUP, "b"): 0.5}, explore_after_s=1e9, max_levels=4)
+    plan = sched.planner.make(1, 0)
+    windows = {}
+    for chain, window in plan.by_key:
+        windows.setdefault(chain, set()).add(window)
+    assert windows[(LOOKUP, "t")] == windows[(LOOKUP, "a", "t")] == {*range(1, 9), 12, 15}
+    assert windows[(LOOKUP, "a", "b", "t")] == {*range(1, 9), 12}   # 15 + 2 tokens would reach "t"
+    assert windows[("a", "t")] == set(range(1, 9)) and windows[("t",)] == {0}
+    row = FakeBatch(1)
+    for r in row.rows.values():
+        r.max_new_tokens = 200
+    assert sched.choose(row) == ((LOOKUP, "t"), 15)
