@@ -15,13 +15,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from specrouter import Client
 from specrouter.gateway import chat
@@ -29,6 +27,7 @@ from specrouter.gateway.server import GatewayServer
 from specrouter.gateway.settings import GatewaySettings
 from specrouter.v1 import worker_pb2, worker_pb2_grpc
 from tests.conftest import DEMO_POOL
+from tests.traces import TraceReceiver, trace_endpoint
 from tests.metrics.scrape import scrape
 
 DRAFTER, TARGET = "stdlib-1m", "stdlib-5m"
@@ -64,32 +63,6 @@ def chat_pool(directory: Path) -> Path:
 
 
 @dataclass
-class Span:
-    trace_id: bytes
-    span_id: bytes
-    parent_span_id: bytes
-    name: str
-    service: str
-
-
-class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace endpoint that keeps every span."""
-
-    def __init__(self):
-        self.spans: list[Span] = []
-        self.lock = threading.Lock()
-
-    def Export(self, request, context):
-        with self.lock:
-            for resource_spans in request.resource_spans:
-                service = next((a.value.string_value for a in resource_spans.resource.attributes
-                                if a.key == "service.name"), "")
-                for scope in resource_spans.scope_spans:
-                    self.spans += [Span(s.trace_id, s.span_id, s.parent_span_id, s.name, service) for s in scope.spans]
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
-@dataclass
 class Cluster:
     proc: subprocess.Popen
     router: str                 # HOST:PORT
@@ -107,13 +80,8 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def traces() -> Iterator[tuple[TraceReceiver, int]]:
-    receiver = TraceReceiver()
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield receiver, port
-    server.stop(0)
+    with trace_endpoint() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="session")

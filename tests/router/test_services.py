@@ -15,7 +15,6 @@ from concurrent import futures
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from specrouter import AsyncClient, Client, DeadlineExceededError, InvalidRequestError
 from specrouter.pool.prompts import heldout_code_prompts
@@ -26,38 +25,16 @@ from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.lookup import LOOKUP
 from specrouter.router.scheduling.settings import SchedulerSettings
 from tests.conftest import DEMO_POOL
+from tests.traces import trace_endpoint
 
 NEW_TOKENS = 24
 START_TIMEOUT_S = 300
 
 
-class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace endpoint that keeps every span: (trace id, span name, service name)."""
-
-    def __init__(self):
-        self.spans: list[tuple[bytes, str, str]] = []
-        self.lock = threading.Lock()
-
-    def Export(self, request, context):
-        with self.lock:
-            for resource_spans in request.resource_spans:
-                service = next((a.value.string_value for a in resource_spans.resource.attributes
-                                if a.key == "service.name"), "")
-                for scope in resource_spans.scope_spans:
-                    for span in scope.spans:
-                        self.spans.append((span.trace_id, span.name, service))
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
 @pytest.fixture(scope="module")
 def traces():
-    receiver = TraceReceiver()
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield receiver, port
-    server.stop(0)
+    with trace_endpoint() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="module")
@@ -531,9 +508,9 @@ def test_one_trace_per_request_spans_every_service(client, traces) -> None:
     while True:
         with receiver.lock:
             spans = list(receiver.spans)
-        generate_traces = {t for t, name, _ in spans if name == "/specrouter.v1.RouterService/Generate"}
-        by_trace = {t: {svc for tt, _, svc in spans if tt == t} for t in generate_traces}
-        names = {name for t, name, _ in spans if t in generate_traces}
+        generate_traces = {s.trace_id for s in spans if s.name == "/specrouter.v1.RouterService/Generate"}
+        by_trace = {t: {s.service for s in spans if s.trace_id == t} for t in generate_traces}
+        names = {s.name for s in spans if s.trace_id in generate_traces}
         if (any(found >= services for found in by_trace.values()) and calls <= names) or time.monotonic() > deadline:
             break
         time.sleep(0.3)

@@ -128,7 +128,7 @@ class Planner:
         self._version = 0
         self._last_snapshot_id = None
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
-        longest = max(max(w) for c in self.chains if len(c) > 1 for w in [self.windows(c)]) if len(self.chains) > 1 else 0
+        longest = max((max(self.windows(c)) for c in self.chains), default=0)
         self._finish_reach = FINISH_HORIZON + longest + 1   # tokens left a finish is costed to
         self._stop = threading.Event()
         self._wake = threading.Event()   # a decision asked for a plan the planner has not made
