@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -488,7 +489,8 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
             label = ",".join(x["chain"]) + (f" W{x['window']}" if len(x["chain"]) > 1 else "")
             assert x["cycles_by_rows"] and {c["config"] for c in x["cycles_by_rows"]} == {label}
         assert set(runoff["planning_ms_per_s"]) == {"adaptive", "stdlib-29m", f"{','.join(screened['chain'])} W2"}
-        assert runoff["planning_ms_per_s"]["adaptive"] > 0   # its decisions were planned
+        # the planner's own time: none when no plan needed remaking during the run (its snapshot unchanged)
+        assert all(math.isfinite(v) and v >= 0 for v in runoff["planning_ms_per_s"].values())
     assert report["acceptance"] and all({"pair", "predicted", "realized"} <= set(a) for a in report["acceptance"])
     assert set(report["checks"]) >= {"adaptive_within_5pct_of_best_static", "acceptance_within_0.05"}
     assert "%]" in out.stderr or "min left" in out.stderr   # progress, one line per run
