@@ -22,11 +22,13 @@ from pathlib import Path
 import torch
 
 from specrouter.pool.prompts import heldout_code_prompts
-from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.inprocess import InProcessPool, chain_name
 from specrouter.worker import rows as wire
 from specrouter.worker.engine import EngineSettings
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 GREEDY = SamplingParams()

@@ -25,8 +25,10 @@ from pathlib import Path
 from specrouter.inprocess import InProcessPool, chain_name
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.report.machine import machine_line
-from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
-from specrouter.worker.calls import SamplingParams
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
+from specrouter.contract.calls import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 MODES = ("standard", "coupled")

@@ -33,7 +33,7 @@ from specrouter.report import peers as hf
 from specrouter.report.machine import machine_line
 from specrouter.report.workloads import REPETITIVE, repetitive_prompts
 from specrouter.router.lookup import LOOKUP
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 THIRD_PARTY = ("redis", "grpc", "click", "typer", "opentelemetry", "pydantic", "hypothesis")   # installed beside

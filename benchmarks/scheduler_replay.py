@@ -40,16 +40,19 @@ from pathlib import Path
 
 from specrouter.profiler import codec
 from specrouter.profiler.memory_store import MemoryStore
-from specrouter.profiler.metrics import EmaConstants, Update
+from specrouter.contract.measures import EmaConstants
+from specrouter.profiler.metrics import Update
 from specrouter.profiler.resilient import ResilientMetrics
 from specrouter.report.scheduler_report import Config
-from specrouter.router.chain import TARGET_ONLY_BLOCK, CycleReport, Row, prompt_agreement
+from specrouter.router.chain import TARGET_ONLY_BLOCK
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row, prompt_agreement
 from specrouter.router.measurements import cycle_measurements
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.scheduling.settings import SchedulerSettings
 from specrouter.router.scheduling.snapshot import Snapshot
 from specrouter.router.settings import RouterSettings
-from specrouter.worker.calls import ForwardTiming, SamplingParams, StepResult
+from specrouter.contract.calls import ForwardTiming, SamplingParams, StepResult
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 # per pass and per call, least squares over the mean cycle times of the batch-1 two-level and target-only

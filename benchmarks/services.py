@@ -21,10 +21,12 @@ from pathlib import Path
 from specrouter import Client
 from specrouter.launcher import LocalCluster
 from specrouter.pool.prompts import heldout_code_prompts
-from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.inprocess import InProcessPool
 from specrouter.router.remote import RemoteWorker
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 

@@ -1,6 +1,7 @@
 """The profiler: live measurements from every router, kept as EMAs that the schedulers read back.
 
-- `metrics.py`       samples (forward latency, acceptance, similarity), EMA records, buckets, snapshots
+- `metrics.py`       samples (forward latency, acceptance, similarity), EMA records, snapshots (the modes and
+                     buckets they are keyed by: `specrouter.contract.measures`)
 - `store.py`         the store interface and the choice made from the settings
 - `memory_store.py`  records in this process (the local embedded default)
 - `redis_store.py`   records in Redis, each report applied by one atomic Lua script

@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from specrouter.profiler.errors import InvalidMeasurement
-from specrouter.profiler.metrics import AcceptanceSample, ForwardSample, Mode, Sample, SimilaritySample
+from specrouter.profiler.metrics import AcceptanceSample, ForwardSample, Sample, SimilaritySample
+from specrouter.contract.measures import Mode
 from specrouter.profiler.resilient import SnapshotView
 from specrouter.v1 import profiler_pb2 as pb
 

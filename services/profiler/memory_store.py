@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from specrouter.profiler.metrics import FAMILIES, Ema, EmaConstants, Records, Update
+from specrouter.profiler.metrics import Ema, FAMILIES, Records, Update
+from specrouter.contract.measures import EmaConstants
 
 
 class MemoryStore:
@@ -20,7 +21,7 @@ class MemoryStore:
         with self._lock:
             for u in updates:
                 table = self._records[u.family]
-                table[u.field] = table.get(u.field, Ema.zero(len(u.x))).updated(u.x, *self.constants.step(u))
+                table[u.field] = table.get(u.field, Ema.zero(len(u.x))).updated(u.x, *u.weights(self.constants))
 
     def records(self) -> Records:
         with self._lock:

@@ -29,13 +29,13 @@ forward pass costs about the same across a large bucket, and the number of keys 
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from specrouter.contract.measures import EmaConstants, Mode, bucket
 from specrouter.profiler.errors import InvalidMeasurement
 
 MAX_BUCKETED = 1 << 16            # largest batch size or tokens per row accepted
@@ -45,20 +45,6 @@ MAX_FORWARD_NS = 3_600 * 10**9    # one hour: anything longer is a unit mistake
 
 FORWARD, ACCEPTANCE, SIMILARITY = "forward", "acceptance", "similarity"
 FAMILIES = (FORWARD, ACCEPTANCE, SIMILARITY)
-
-
-class Mode(enum.Enum):
-    GREEDY = "greedy"
-    SAMPLING = "sampling"   # speculative sampling, the rows each token was drawn from handed up
-    COUPLED = "coupled"     # coupled sampling: picks under shared noise, checked by equality
-
-
-EXACT_UP_TO = 16
-
-
-def bucket(n: int) -> int:
-    """The bucket of n >= 1: n itself up to EXACT_UP_TO, else the smallest power of two >= n."""
-    return n if n <= EXACT_UP_TO else 1 << (n - 1).bit_length()
 
 
 def _check_name(field: str, name: str) -> None:
@@ -171,20 +157,12 @@ class Update:
     def of(cls, sample: Sample) -> Update:
         return cls(sample.family, json.dumps(sample.key(), separators=(",", ":")), sample.vector())
 
-
-@dataclass(frozen=True)
-class EmaConstants:
-    """How far one update moves a record: `ema_alpha` per report, `acceptance_alpha` per check."""
-
-    ema_alpha: float = 0.1
-    acceptance_alpha: float = 0.01
-
-    def step(self, update: Update) -> tuple[float, float]:
-        """(keep, gain) of the update: ema <- keep * ema + gain * x (see the module's docstring)."""
-        if update.family != ACCEPTANCE:
-            return 1 - self.ema_alpha, self.ema_alpha
-        checks = update.x[2]
-        keep = (1 - self.acceptance_alpha) ** checks
+    def weights(self, constants: EmaConstants) -> tuple[float, float]:
+        """(keep, gain) of this update: ema <- keep * ema + gain * x (see the module's docstring)."""
+        if self.family != ACCEPTANCE:
+            return 1 - constants.ema_alpha, constants.ema_alpha
+        checks = self.x[2]
+        keep = (1 - constants.acceptance_alpha) ** checks
         return keep, (1 - keep) / checks
 
 

@@ -20,10 +20,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from specrouter.profiler.errors import StoreUnavailable
-from specrouter.profiler.metrics import FAMILIES, Ema, EmaConstants, Records, Update
+from specrouter.profiler.metrics import Ema, FAMILIES, Records, Update
+from specrouter.contract.measures import EmaConstants
 
 # KEYS: the families' hashes. ARGV, per update: index into KEYS, field, keep, gain, k, x_1 .. x_k.
-# Same arithmetic, in the same order, as `Ema.updated` (keep and gain come from `EmaConstants.step`).
+# Same arithmetic, in the same order, as `Ema.updated` (keep and gain come from `Update.weights`).
 _UPDATE_LUA = """
 local i = 1
 while i <= #ARGV do
@@ -80,7 +81,7 @@ class RedisStore:
         index = {family: i + 1 for i, family in enumerate(families)}
         args: list[str | int] = []
         for u in updates:
-            keep, gain = self.constants.step(u)
+            keep, gain = u.weights(self.constants)
             args += [index[u.family], u.field, repr(keep), repr(gain), len(u.x), *map(repr, u.x)]
         if updates:
             with _unavailable():

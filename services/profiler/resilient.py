@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specrouter.profiler.errors import StoreUnavailable
-from specrouter.profiler.metrics import EmaConstants, MetricsSnapshot, Update
+from specrouter.contract.measures import EmaConstants
+from specrouter.profiler.metrics import MetricsSnapshot, Update
 from specrouter.profiler.store import MetricStore
 
 log = logging.getLogger(__name__)

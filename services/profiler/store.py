@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from specrouter.profiler.memory_store import MemoryStore
-from specrouter.profiler.metrics import EmaConstants, Records, Update
+from specrouter.contract.measures import EmaConstants
+from specrouter.profiler.metrics import Records, Update
 from specrouter.profiler.redis_store import RedisStore
 from specrouter.profiler.settings import ProfilerSettings
 

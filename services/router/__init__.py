@@ -9,7 +9,8 @@ each cycle's chain and window.
 - `health.py`        which replicas answer: a failed one sits out until a probe finds it
 - `requests.py`      a generation request and its validation
 - `server.py`        the router's gRPC server (RouterService), health and reflection
-- `remote.py`        a worker over gRPC; `workers.py` what the router needs of any worker
+- `remote.py`        a worker over gRPC; `workers.py` the `Worker` interface (what the router reads of any
+                     worker, declared once; the types it passes: `specrouter.contract`)
 - `measurements.py`  cycle measurements sent to the profiler, and its cached snapshot
 - `breakdown.py`     where a request's cycles spent their time
 """

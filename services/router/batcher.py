@@ -34,7 +34,9 @@ from typing import NamedTuple
 
 from opentelemetry import trace
 
-from specrouter.router.chain import FAN_OUT, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, Row
+from specrouter.router.chain import FAN_OUT, TARGET_ONLY_BLOCK, ChainBatch
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.failures import (OutOfMemory, RowsFailed, StateOutOfLine, WorkerCallFailed, out_of_memory,
                                         row_failure, state_out_of_line)
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle, request_span

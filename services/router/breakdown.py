@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from specrouter.router.chain import CycleReport
+from specrouter.router.cycle_report import CycleReport
 
 
 @dataclass

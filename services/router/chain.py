@@ -29,22 +29,20 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from specrouter.router.failures import (RowsFailed, StateOutOfLine, WorkerCallFailed, failed_rows, state_out_of_line,
                                         state_unknown, worker_gone)
-from specrouter.router.lookup import SHADOW_WINDOW, LookupProposer, judged
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.lookup import LookupProposer, shadow_checks
 from specrouter.router.orphans import Orphans
-from specrouter.router.stops import StopStrings
+from specrouter.router.row import Row, prompt_agreement
 from specrouter.router.workers import Worker
-from specrouter.worker.calls import RowStep, SamplingParams, StepResult, VerifyRow
+from specrouter.contract.calls import RowStep, StepResult, VerifyRow
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-FINISH_STOP = "stop"      # EOS or a stop sequence
-FINISH_LENGTH = "length"  # max_new_tokens or the context
 TARGET_ONLY_BLOCK = 4     # tokens per call of a target-only cycle when the window is left open (0)
 MAX_RESYNCS = 2           # rebuilds of a model's state in a row before the failure that asked for them is final
 
@@ -53,76 +51,6 @@ MAX_RESYNCS = 2           # rebuilds of a model's state in a row before the fail
 # are called in turn on the calling thread: they share its cores anyway, and a forward pass on another
 # thread would start a second OpenMP team that slows every later pass of this one.
 FAN_OUT = ThreadPoolExecutor(max_workers=16, thread_name_prefix="worker-fan-out")
-
-
-@dataclass
-class Row:
-    """One request in the running batch."""
-
-    row_id: str
-    tokens: list[int]               # prompt + emitted
-    prompt_len: int
-    sampling: SamplingParams
-    max_new_tokens: int
-    stop_token_ids: frozenset[int] = frozenset()
-    stop_strings: StopStrings | None = None
-    cycle: int = 0
-    finish_reason: str | None = None
-    seen: dict[str, int] = field(default_factory=dict)      # per model: tokens of `tokens` in its valid cache
-    spec: dict[str, list[int]] = field(default_factory=dict)  # per model: speculative tokens in its cache
-    # per pair of models (both orders): (positions of the prompt where their argmax next tokens agree,
-    # positions compared), from the prefill; how alike two models find this row before either drafts it
-    prompt_agreement: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.tokens = list(self.tokens)  # the row grows its own copy, never the caller's prompt
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
-
-    def step_for(self, model: str) -> tuple[int, list[int]]:
-        """(rollback, pending) for the model's next call."""
-        return len(self.spec.get(model, ())), self.tokens[self.seen[model] :]
-
-
-@dataclass(frozen=True)
-class CycleReport:
-    chain: tuple[str, ...]
-    window: int
-    emitted: dict[str, list[int]]               # row id -> tokens emitted this cycle
-    accepted: dict[str, list[int]]              # level model -> accepted proposal tokens per row
-    proposed: dict[str, list[int]]              # level model -> proposal length per row
-    results: dict[str, StepResult]              # level model -> its step (timings)
-    call_ns: dict[str, int] = field(default_factory=dict)  # level model -> wall time of its call, round trip included
-    model_free: bool = False   # the chain starts with a level that runs no model (the lookup)
-    # (lookup, verifier) -> per row, (accepted, checked) of what the lookup would have proposed this cycle,
-    # judged by the verifier's own picks (None for a sampled row: its picks judge no point mass)
-    shadow: dict[tuple[str, str], list[tuple[int, int] | None]] = field(default_factory=dict)
-
-    def checked(self, verifier: str, row_index: int) -> int:
-        """Positions of a row's proposal that `verifier` checked: up to and including its first rejection.
-        A model-free level's proposal may stop short of the window (no match, or a match near the end of
-        what it copies): the position after its last token counts as checked and rejected, so that the
-        acceptance at a position is the chance that a token there is both proposed and accepted, which is
-        what the cost model's proposals of `window` tokens need."""
-        accepted = self.accepted[verifier][row_index]
-        offered = self.proposed[verifier][row_index]
-        if self.model_free and len(self.chain) > 1 and verifier == self.chain[1]:
-            offered = max(offered, self.window)
-        return min(accepted + 1, offered)
-
-
-def prompt_agreement(guesses: Mapping[str, Sequence[int]]) -> dict[tuple[str, str], tuple[int, int]]:
-    """For every two models, in both orders: (positions where their guesses agree, positions compared),
-    over the last positions both guessed at."""
-    out = {}
-    for a, b in itertools.combinations(sorted(guesses), 2):
-        n = min(len(guesses[a]), len(guesses[b]))
-        if n:
-            same = sum(x == y for x, y in zip(guesses[a][-n:], guesses[b][-n:]))
-            out[(a, b)] = out[(b, a)] = (same, n)
-    return out
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -293,7 +221,7 @@ class ChainBatch:
         before it returns."""
         # each call runs in a copy of this thread's context, so the calls join the caller's trace
         futures = {name: FAN_OUT.submit(contextvars.copy_context().run, call, worker, self.state_ids[name])
-                   for name, worker in self.workers.items() if getattr(worker, "remote", False)}
+                   for name, worker in self.workers.items() if worker.remote}
         for name, worker in self.workers.items():
             if name not in futures:
                 futures[name] = Future()
@@ -390,8 +318,10 @@ class ChainBatch:
             proposed[model] = [len(p) for p in proposal]
             proposal, proposal_rows = result.tokens, result.rows
 
-        shadow = self._shadow(chain, rows, results[drafter].tokens, proposal)
-        emitted = {r.row_id: self._emit(r, tokens) for r, tokens in zip(rows, proposal)}
+        lookup = next((w for w in self.workers.values() if isinstance(w, LookupProposer)), None)
+        shadow = ({} if lookup is None or lookup is self.workers[drafter] else
+                  shadow_checks(lookup, rows, {self.target: proposal, drafter: results[drafter].tokens}))
+        emitted = {r.row_id: r.emit(tokens, self.context_length) for r, tokens in zip(rows, proposal)}
         for model, cached in processed.items():
             for r, spec in zip(rows, cached):
                 new = emitted[r.row_id]
@@ -405,27 +335,6 @@ class ChainBatch:
             self._resyncs.pop(model, None)
         return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns,
                            model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow)
-
-    def _shadow(self, chain: tuple[str, ...], rows: Sequence[Row], drafts: Sequence[Sequence[int]],
-                picks: Sequence[Sequence[int]]) -> dict[tuple[str, str], list[tuple[int, int] | None]]:
-        """The lookup's acceptance, measured in a cycle that does not run it, for nothing but a match per row:
-        what it would have proposed from the rows' tokens before the cycle, against the target's emitted
-        tokens and, when a model drafted, against that model's draft. Under greedy and coupled decoding a
-        verifier accepts a proposed token iff it is its own pick, so these are the checks the pairs
-        (lookup, target) and (lookup, drafter) would have made; the scheduler prices the lookup's chains
-        from them without running the lookup's chains to learn how well it does on the text it serves now."""
-        lookup = next((w for w in self.workers.values() if isinstance(w, LookupProposer)), None)
-        if lookup is None or isinstance(self.workers[chain[0]], LookupProposer):
-            return {}
-        proposals = [lookup.propose(r.tokens, SHADOW_WINDOW) if r.sampling.greedy or r.sampling.coupled else None
-                     for r in rows]
-        if all(p is None for p in proposals):
-            return {}
-        judges = [self.target] if len(chain) == 1 else [chain[0], self.target]
-        tokens = {self.target: picks, chain[0]: drafts}
-        return {(lookup.name, judge): [None if p is None else judged(p, t, SHADOW_WINDOW)
-                                       for p, t in zip(proposals, tokens[judge])]
-                for judge in judges}
 
     @staticmethod
     def _abandon(rows: Sequence[Row], processed: Mapping[str, list[list[int]]]) -> None:
@@ -444,28 +353,6 @@ class ChainBatch:
             steps.append(RowStep(row_id=r.row_id, pending=pending, sampling=r.sampling, cycle=r.cycle,
                                  rollback=rollback))
         return steps
-
-    def _emit(self, row: Row, tokens: Sequence[int]) -> list[int]:
-        """Appends the target's tokens to the row up to its first stop, and returns those it keeps. A stop
-        string is looked for whatever else ended the row in this cycle, and wins: the row's text is the same
-        whether the string completes in a cycle of its own or in the one that reaches max_new_tokens."""
-        out = []
-        for t in tokens:
-            row.tokens.append(t)
-            out.append(t)
-            if t in row.stop_token_ids:
-                row.finish_reason = FINISH_STOP
-            elif len(row.generated) >= row.max_new_tokens or len(row.tokens) >= self.context_length - 1:
-                row.finish_reason = FINISH_LENGTH
-            if row.finish_reason:
-                break
-        keep = row.stop_strings.keep(row.generated, len(out)) if row.stop_strings is not None else None
-        if keep is not None:
-            drop = len(row.generated) - keep
-            del row.tokens[len(row.tokens) - drop:]
-            del out[len(out) - drop:]
-            row.finish_reason = FINISH_STOP
-        return out
 
     def _check_chain(self, chain: tuple[str, ...]) -> None:
         unknown = [m for m in chain if m not in self.workers]

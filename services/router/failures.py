@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from specrouter.worker import protocol
+from specrouter.contract import errors
 
 
 class WorkerCallFailed(RuntimeError):
@@ -47,14 +47,14 @@ class OutOfMemory(RuntimeError):
 
 def out_of_memory(cause: BaseException) -> bool:
     """Whether a worker's error says it ran out of memory: RESOURCE_EXHAUSTED from a remote worker, the
-    allocator's own error (`protocol.out_of_memory`) from an engine in this process. Such a call
+    allocator's own error (`errors.out_of_memory`) from an engine in this process. Such a call
     may have stopped half way through, so the rows' states on that worker are no longer known."""
     return _code(cause) == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def _code(cause: BaseException) -> grpc.StatusCode:
     """The status of a worker's error: a remote worker's own, an engine's in process as it would answer."""
-    return cause.code() if isinstance(cause, grpc.Call) else protocol.status_for(cause)
+    return cause.code() if isinstance(cause, grpc.Call) else errors.status_for(cause)
 
 
 def state_unknown(cause: BaseException) -> bool:
@@ -94,7 +94,7 @@ def failed_rows(cause: BaseException) -> tuple[str, ...]:
     """The rows a worker's error names as the only ones it failed for (none: the call failed as a whole).
     An in-process engine's `RowError` carries them; a remote worker's error, its trailing metadata."""
     if isinstance(cause, grpc.Call):
-        return protocol.failed_rows_from_metadata(cause.trailing_metadata())
+        return errors.failed_rows_from_metadata(cause.trailing_metadata())
     return tuple(getattr(cause, "row_ids", ()))
 
 
@@ -112,6 +112,6 @@ def row_failure(exc: RowsFailed) -> RowFailed:
     if isinstance(exc.cause, grpc.Call):
         worker_code, details = exc.cause.code(), exc.cause.details()
     else:
-        worker_code, details = protocol.status_for(exc.cause), str(exc.cause)   # an engine in this process
+        worker_code, details = errors.status_for(exc.cause), str(exc.cause)   # an engine in this process
     code = worker_code if worker_code in _ROW_ADVICE else grpc.StatusCode.UNAVAILABLE
     return RowFailed(code, f"the worker of {exc.model} cannot go on with this request ({details}); {_ROW_ADVICE[code]}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from opentelemetry import trace
 
 from specrouter.router.breakdown import CycleBreakdown
-from specrouter.router.chain import Row
+from specrouter.router.row import Row
 from specrouter.router.requests import GenerationRequest
 
 tracer = trace.get_tracer(__name__)

@@ -76,10 +76,8 @@ class WorkerHealth:
                 del self._down[key]
             down = [w for w, _ in self._down.values()]
         for worker in down:
-            probe = getattr(worker, "probe", None)
             try:
-                if probe is not None:
-                    probe()
+                worker.probe()
             except Exception as exc:  # noqa: BLE001 - still down: any failure of the probe says so
                 log.debug("the replica of %s is still down: %s", worker.name, exc)
                 continue

@@ -22,11 +22,13 @@ under coupled sampling, iff its own pick is x. Either way the output is the targ
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from specrouter.worker.calls import RowStep, StateError, StepResult, UnknownStateError, VerifyRow
+from specrouter.contract.calls import RowStep, StepResult, VerifyRow, WorkerInfo
+from specrouter.contract.errors import StateError, UnknownStateError
+from specrouter.router.row import Row
 
 LOOKUP = "lookup"
 MAX_NGRAM = 3
@@ -102,6 +104,24 @@ def judged(proposal: Sequence[int], picks: Sequence[int], window: int) -> tuple[
     return accepted, min(accepted + 1, len(picks), window)
 
 
+def shadow_checks(lookup: LookupProposer, rows: Sequence[Row], picks: Mapping[str, Sequence[Sequence[int]]],
+                  ) -> dict[tuple[str, str], list[tuple[int, int] | None]]:
+    """The lookup's acceptance, measured in a cycle that does not run it, for nothing but a match per row:
+    what it would have proposed from the rows' tokens before the cycle, judged by each model of `picks`
+    (the target's emitted tokens and, when a model drafted, that model's draft). Under greedy and coupled
+    decoding a verifier accepts a proposed token iff it is its own pick, so these are the checks the pairs
+    (lookup, model) would have made; the scheduler prices the lookup's chains from them without running the
+    lookup's chains to learn how well it does on the text it serves now. None for a sampled row: its picks
+    judge no point mass."""
+    proposals = [lookup.propose(r.tokens, SHADOW_WINDOW) if r.sampling.greedy or r.sampling.coupled else None
+                 for r in rows]
+    if all(p is None for p in proposals):
+        return {}
+    return {(lookup.name, judge): [None if p is None else judged(p, t, SHADOW_WINDOW)
+                                   for p, t in zip(proposals, tokens)]
+            for judge, tokens in picks.items()}
+
+
 class RecentRows:
     """The token sequences of the rows that left the router most recently, at most `max_tokens` tokens in
     all (the oldest go first), indexed by every n-gram they hold for n in [min_ngram, max_ngram]: the n
@@ -165,13 +185,16 @@ class LookupProposer:
     different chains call it from the batcher's thread and the fan-out pool alike."""
 
     remote = False
-    parameters = 0
 
     def __init__(self, name: str = LOOKUP, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
                  recent_tokens: int = RECENT_TOKENS):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.name = name
+        self.address = f"in-process:{name}"
+        # no model: no parameters, and neither a vocabulary nor a context of its own (it proposes the rows'
+        # own tokens, within the room the chain gives it)
+        self.info = WorkerInfo(model_name=name, parameters=0, vocab_size=0, context_length=0)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.recent = RecentRows(recent_tokens, max_ngram, min(max_ngram, RECENT_MIN_NGRAM))
@@ -231,6 +254,12 @@ class LookupProposer:
 
     def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:
         raise ValueError(f"{self.name!r} drafts only: it can start a chain, never verify")
+
+    def probe(self, timeout_s: float = 2.0) -> None:
+        """The lookup runs in the router's process: it always answers."""
+
+    def close(self) -> None:
+        """Nothing to let go of: the router owns the lookup for as long as it runs."""
 
     def release(self, state_id: str, row_ids: Sequence[str] | None = None) -> None:
         """The rows leave; their tokens join `recent` (a row released to be rebuilt joins it too: a

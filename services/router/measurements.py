@@ -13,8 +13,10 @@ import grpc
 from opentelemetry import context as otel_context
 
 from specrouter.tls import ClientTLS, channel
-from specrouter.profiler.metrics import AcceptanceRate, ForwardLatency, Mode, Similarity
-from specrouter.router.chain import CycleReport, Row
+from specrouter.profiler.metrics import AcceptanceRate, ForwardLatency, Similarity
+from specrouter.contract.measures import Mode
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.scheduling.candidates import mode_of
 from specrouter.router.scheduling.snapshot import Snapshot
 from specrouter.v1 import profiler_pb2 as pb

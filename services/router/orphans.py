@@ -58,7 +58,7 @@ class Orphans:
             self._orphans = [o for o in self._orphans if o not in expired and o not in due]
         for o in expired:
             log.warning("state %s on %s was not released in %.0f s; the worker's TTL reclaims it", o.state_id,
-                        getattr(o.worker, "name", o.worker), self.give_up_s)
+                        o.worker.name, self.give_up_s)
         for o in due:
             self._send(o)
 
@@ -72,9 +72,9 @@ class Orphans:
                     with self._lock:
                         self._orphans.append(orphan)
                     log.debug("release of state %s on %s failed; sent again in %.1f s: %s", orphan.state_id,
-                              getattr(orphan.worker, "name", orphan.worker), self.retry_s, exc)
+                              orphan.worker.name, self.retry_s, exc)
 
-        if self.fan_out is not None and getattr(orphan.worker, "remote", False):
+        if self.fan_out is not None and orphan.worker.remote:
             self.fan_out.submit(send)
         else:
             send()

@@ -22,7 +22,8 @@ import logging
 import random
 from collections.abc import Mapping, Sequence
 
-from specrouter.router.chain import ChainBatch, Row
+from specrouter.router.chain import ChainBatch
+from specrouter.router.row import Row
 from specrouter.router.failures import RowsFailed, WorkerCallFailed, out_of_memory, worker_gone
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.replicas import ReplicaSet, error_line

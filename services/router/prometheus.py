@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from specrouter.prometheus import LATENCY_BUCKETS_S, RpcMetrics, new_registry
 from specrouter.router.admission import Admission
-from specrouter.router.chain import FINISH_LENGTH, FINISH_STOP, CycleReport, Row
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import FINISH_LENGTH, FINISH_STOP, Row
 from specrouter.router.measurements import acceptance_counts
 from specrouter.router.scheduling.cycle_cost import Prediction
 

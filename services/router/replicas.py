@@ -99,16 +99,10 @@ Resolve = Callable[[WorkerAddress], list[str]]
 
 def disagreement(reference: Worker, other: Worker) -> list[str]:
     """The AGREE fields in which `other`'s Info differs from `reference`'s, as `field a != b`."""
-    a, b = getattr(reference, "info", None), getattr(other, "info", None)
-    if a is None or b is None:   # workers in this process, built by the caller from one checkpoint each
-        return []
+    a, b = reference.info, other.info
     return [f"{f} {getattr(b, f)!r} != {getattr(a, f)!r}" for f in AGREE if getattr(a, f) != getattr(b, f)]
 
 
-def _close(worker: Worker) -> None:
-    close = getattr(worker, "close", None)
-    if close is not None:
-        close()
 
 
 class ReplicaSet:
@@ -138,7 +132,8 @@ class ReplicaSet:
         replicas = cls()
         for model, given in workers.items():
             for i, worker in enumerate(given if isinstance(given, Sequence) else [given]):
-                replicas._add(getattr(worker, "address", f"{model}#{i}"), worker, model)
+                # the replicas of a model in this process share its address: each is told apart by its index
+                replicas._add(worker.address if worker.remote else f"{worker.address}#{i}", worker, model)
         return replicas
 
     @classmethod
@@ -180,7 +175,7 @@ class ReplicaSet:
                 replicas._add(d, worker)
         except BaseException:
             for worker in answered.values():
-                _close(worker)
+                worker.close()
             raise
         return replicas
 
@@ -228,7 +223,7 @@ class ReplicaSet:
 
     def address_of(self, worker: Worker) -> str:
         with self._lock:
-            return next((a for a, w in self._members.items() if w is worker), getattr(worker, "address", worker.name))
+            return next((a for a, w in self._members.items() if w is worker), worker.address)
 
     def on_join(self, hook: Callable[[Worker], None]) -> None:
         """Calls `hook` with every replica now and every replica that joins later."""
@@ -290,7 +285,7 @@ class ReplicaSet:
                    "serve the same checkpoint") if differ else ""
         if why:
             self._refused[address] = why
-            _close(worker)
+            worker.close()
             log.error("the worker at %s (from %s) is left out: %s", address, origin.text, why)
             return
         self._add(address, worker)
@@ -313,7 +308,7 @@ class ReplicaSet:
             done = [w for w in self._retired if id(w) not in held]
             self._retired = [w for w in self._retired if id(w) in held]
         for worker in done:
-            _close(worker)
+            worker.close()
 
     # -- running --------------------------------------------------------------------------------
 
@@ -338,7 +333,7 @@ class ReplicaSet:
             workers = list(self._members.values()) + self._retired
             self._members, self._model, self._retired = {}, {}, []
         for worker in workers:
-            _close(worker)
+            worker.close()
 
 
 def error_line(exc: object) -> str:

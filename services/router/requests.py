@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from specrouter.router.settings import setting_hint
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 AUTO = "auto"
 TARGET_ONLY = "target"

@@ -19,7 +19,9 @@ from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle
-from specrouter.router.chain import ChainBatch, CycleReport, Row
+from specrouter.router.chain import ChainBatch
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.failures import OutOfMemory, RowFailed, WorkerCallFailed, worker_gone
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.lookup import LOOKUP, LookupProposer
@@ -28,13 +30,13 @@ from specrouter.router.prometheus import RouterMetrics
 from specrouter.router.remote import RemoteWorker
 from specrouter.router.replicas import PoolMismatch, ReplicaSet, WorkerAddress
 from specrouter.pool.similarity import load_similarity
-from specrouter.profiler.metrics import Mode
+from specrouter.contract.measures import Mode
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.requests import GenerationRequest, InvalidRequest, Limits, parse_chain, validate
 from specrouter.router.settings import RouterSettings
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name

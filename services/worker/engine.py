@@ -20,11 +20,12 @@ import torch
 
 from specrouter.worker import lookahead
 from specrouter.worker import rows as wire
-from specrouter.worker.calls import (ContextLengthError, ForwardTiming, RowError, RowStateError, RowStep, StateError,
-                                     StepResult, UnknownStateError, VerifyRow)
+from specrouter.contract.errors import ContextLengthError, RowError, RowStateError, StateError, UnknownStateError
+from specrouter.contract.calls import ForwardTiming, RowStep, StepResult, VerifyRow, WorkerInfo
+from specrouter.worker.blocks import last_argmax, last_columns, pad_rows
 from specrouter.worker.forward import ModelForward
-from specrouter.worker.sampling import (BatchSampling, coupled_pick, next_token_probs, position_key, row_uniforms,
-                                       sample, token_presence)
+from specrouter.worker.sampling import (BatchSampling, next_token_probs, row_uniforms, sample, token_presence,
+                                       with_coupled_picks)
 from specrouter.worker.state import MaskedKVState
 from specrouter.worker.verify import proposal_similarity, verify_greedy, verify_proposal
 
@@ -36,48 +37,24 @@ class EngineSettings:
     draft_lookahead: int = 4             # guesses fed per pass with the drafted token, one row drafting (0: none)
 
 
-def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded tokens [B, K] and validity [B, K]."""
-    width = max((len(s) for s in seqs), default=0)
-    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-    valid = torch.zeros(len(seqs), width, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        tokens[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-        valid[i, : len(s)] = True
-    return tokens.to(device), valid.to(device)
-
-
-def _last_columns(valid: torch.Tensor, n: int) -> torch.Tensor:
-    """[B, n]: per right-padded row, the columns of its last `n` valid positions; a row with fewer repeats its
-    first column in front of them."""
-    lengths = valid.sum(1)                                                                  # [B]
-    return (lengths[:, None] - n + torch.arange(n, device=valid.device)[None, :]).clamp(min=0)
-
-
-def _last_argmax(logits: torch.Tensor, valid: torch.Tensor, n: int) -> list[list[int]]:
-    """Per row, the argmax of the logits at its last `n` valid positions, from logits [B, n, V] at the
-    columns `_last_columns` names."""
-    argmax = logits.argmax(-1).tolist()                                                     # [B, n]
-    return [row[max(0, n - length):] for row, length in zip(argmax, valid.sum(1).tolist())]
-
-
-def _with_coupled_picks(tokens: torch.Tensor, probs: torch.Tensor, s: BatchSampling, rows: Sequence[RowStep],
-                        positions: torch.Tensor) -> torch.Tensor:
-    """`tokens` [B, T] with the rows that sample coupled replaced by their coupled picks from probs [B, T, V]
-    at absolute positions [B, T] (`sampling.coupled_pick`)."""
-    index = [i for i, c in enumerate(s.coupled) if c]
-    keys = [position_key(rows[i].sampling.seed, t) for i in index for t in positions[i].tolist()]
-    out = tokens.clone()
-    out[index] = coupled_pick(probs[index].flatten(0, 1), keys).view(len(index), -1).to(out.device)
-    return out
-
-
 class WorkerEngine:
-    def __init__(self, name: str, forward: ModelForward, settings: EngineSettings = EngineSettings()):
+    """One model's worker in this process: its states and the draft, verify, prefill and release steps. The
+    worker's server runs it behind gRPC; the router runs it directly (the `Worker` interface) in an
+    in-process pool."""
+
+    remote = False   # its calls run in the caller's process
+
+    def __init__(self, name: str, forward: ModelForward, settings: EngineSettings = EngineSettings(),
+                 tokenizer_sha256: str = ""):
         self.name = name
+        self.address = f"in-process:{name}"
         self.forward = forward
         self.settings = settings
         self.vocab = forward.vocab_size
+        self.info = WorkerInfo(model_name=name, parameters=sum(p.numel() for p in forward.model.parameters()),
+                               vocab_size=forward.vocab_size, context_length=forward.context_length,
+                               tokenizer_sha256=tokenizer_sha256, device=str(forward.device),
+                               dtype=str(forward.dtype).removeprefix("torch."))
         self._states: dict[str, MaskedKVState] = {}
         self._lock = threading.Lock()
 
@@ -122,6 +99,12 @@ class WorkerEngine:
 
     # -- operations -------------------------------------------------------------------------------
 
+    def probe(self, timeout_s: float = 2.0) -> None:
+        """An engine in this process always answers."""
+
+    def close(self) -> None:
+        """Nothing to let go of: the engine belongs to whoever built it, its states expire by their TTL."""
+
     def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]], predictions: int = 0) -> StepResult:
         """Processes each row's tokens; creates the state, or joins the rows to it. With `predictions`, each
         row's `tokens` are the model's argmax next token after each of its last `predictions` tokens."""
@@ -141,15 +124,15 @@ class WorkerEngine:
             if clash:
                 raise RowStateError(f"rows {clash} are already in state {state_id!r} of model {self.name!r}", clash)
             fresh = self.forward.empty_state(ids)
-            tokens, valid = _pad([t for _, t in rows], self.forward.device)
+            tokens, valid = pad_rows([t for _, t in rows], self.forward.device)
             timings = []
             guesses: list[list[int]] = [[] for _ in ids]
             predictions = min(predictions, tokens.shape[1])   # a row has no more positions than its tokens
             if tokens.shape[1]:
-                logits, timing = self.forward(fresh, tokens, valid, logits_at=_last_columns(valid, predictions))
+                logits, timing = self.forward(fresh, tokens, valid, logits_at=last_columns(valid, predictions))
                 timings.append(timing)
                 if predictions:
-                    guesses = _last_argmax(logits, valid, predictions)
+                    guesses = last_argmax(logits, valid, predictions)
             if state_id in self._states:
                 self._states[state_id].join(fresh)
                 self._states[state_id].last_used = time.monotonic()
@@ -169,8 +152,8 @@ class WorkerEngine:
         with self._lock:
             state, slots = self._prepare(state_id, rows, extra_tokens=window)
             s = BatchSampling([r.sampling for r in rows], self.forward.device)
-            tokens, valid = _pad([r.pending for r in rows], self.forward.device)
-            logits, timing = self._forward(state, slots, tokens, valid, logits_at=_last_columns(valid, 1))
+            tokens, valid = pad_rows([r.pending for r in rows], self.forward.device)
+            logits, timing = self._forward(state, slots, tokens, valid, logits_at=last_columns(valid, 1))
             timings = [timing]
             b = len(rows)
             index = torch.arange(b, device=logits.device)
@@ -196,7 +179,7 @@ class WorkerEngine:
                     else:
                         x = sample(probs, u[:, i])                                        # [B]
                     if s.any_coupled:   # picked from fp32: a coupled proposal is checked by equality, no rows
-                        x = _with_coupled_picks(x[:, None], probs[:, None], s, rows, base[:, None] + i)[:, 0]
+                        x = with_coupled_picks(x[:, None], probs[:, None], s, rows, base[:, None] + i)[:, 0]
                 drafted.append(x)
                 if presence is not None:
                     presence[index, x] = True
@@ -265,7 +248,7 @@ class WorkerEngine:
             if s.any_penalty:
                 presence0 = self._presence(state, slots)
             blocks = [list(r.pending) + list(r.proposal) for r in rows]
-            tokens, valid = _pad(blocks, device)
+            tokens, valid = pad_rows(blocks, device)
             if s.any_coupled:   # absolute position of the token after each row's pending ones
                 first = self._lengths(state, slots) + torch.tensor([len(r.pending) for r in rows], device=device)
             starts = torch.tensor([len(r.pending) - 1 for r in rows], device=device)      # [B]
@@ -289,7 +272,7 @@ class WorkerEngine:
             if s.any_coupled or only_picks:
                 picks = p.argmax(-1)   # [B, K + 1]: the greedy rows' tokens (their rows are one-hot)
                 if s.any_coupled:   # this level's own picks, from fp32, at each proposal position and one more
-                    picks = _with_coupled_picks(picks, p, s, rows, first[:, None] + offsets[None, :])
+                    picks = with_coupled_picks(picks, p, s, rows, first[:, None] + offsets[None, :])
                 if only_picks:   # each row accepts iff its pick is the proposed token
                     return self._verify_picks(rows, picks, timing)
             p_wire = None
@@ -299,7 +282,7 @@ class WorkerEngine:
             if s.any_coupled:   # a coupled row's p is the point mass on its pick: accepted iff equal
                 coupled = torch.tensor(s.coupled, device=device)
                 p = torch.where(coupled[:, None, None], wire.one_hot_rows(picks, self.vocab), p)
-            proposal, _ = _pad([r.proposal for r in rows], device)
+            proposal, _ = pad_rows([r.proposal for r in rows], device)
             q = torch.zeros(b, k_max, self.vocab, device=device)
             for i, r in enumerate(rows):
                 k = len(r.proposal)
@@ -330,7 +313,7 @@ class WorkerEngine:
         """`verify` for a batch whose rows each pick their tokens (greedy, or coupled sampling): a proposed
         token is accepted iff it is this level's pick at its position, picks [B, K + 1]; no rows are sent."""
         device = picks.device
-        proposal, _ = _pad([r.proposal for r in rows], device)                           # [B, K]
+        proposal, _ = pad_rows([r.proposal for r in rows], device)                           # [B, K]
         lengths = torch.tensor([len(r.proposal) for r in rows], device=device)           # [B]
         verdict, similarity = verify_greedy(proposal, lengths, picks)
         accepted = verdict.accepted.tolist()

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specrouter.worker import llama
-from specrouter.worker.calls import ForwardTiming
+from specrouter.contract.calls import ForwardTiming
 from specrouter.worker.state import MaskedKVState, grown, room_for
 
 PAD_TOKEN_ID = 0  # what a hole holds; never attended to

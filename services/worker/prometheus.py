@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Gauge, Histogram, Info
 
 from specrouter.prometheus import LATENCY_BUCKETS_S, RpcMetrics, new_registry
-from specrouter.worker.calls import ForwardTiming
+from specrouter.contract.calls import ForwardTiming
 from specrouter.worker.engine import WorkerEngine
 
 OPERATIONS = ("prefill", "draft", "verify")

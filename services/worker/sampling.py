@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import RowStep, SamplingParams
 
 
 class BatchSampling:
@@ -179,3 +179,14 @@ def coupled_pick(probs: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
     token wherever their distributions favour it alike; tokens of probability 0 are never picked."""
     noise = torch.from_numpy(exponential_noise(keys, probs.shape[-1])).to(probs.device)               # [N, V]
     return (probs.float() / noise).argmax(-1)
+
+
+def with_coupled_picks(tokens: torch.Tensor, probs: torch.Tensor, s: BatchSampling, rows: Sequence[RowStep],
+                        positions: torch.Tensor) -> torch.Tensor:
+    """`tokens` [B, T] with the rows that sample coupled replaced by their coupled picks from probs [B, T, V]
+    at absolute positions [B, T] (`coupled_pick`)."""
+    index = [i for i, c in enumerate(s.coupled) if c]
+    keys = [position_key(rows[i].sampling.seed, t) for i in index for t in positions[i].tolist()]
+    out = tokens.clone()
+    out[index] = coupled_pick(probs[index].flatten(0, 1), keys).view(len(index), -1).to(out.device)
+    return out

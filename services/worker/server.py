@@ -16,8 +16,9 @@ from specrouter.tls import ServerTLS
 from specrouter.pool.load import load_model, parse_dtype, tokenizer_fingerprint
 from specrouter.v1 import worker_pb2 as pb
 from specrouter.v1 import worker_pb2_grpc
+from specrouter.contract import errors, wire
 from specrouter.worker import protocol
-from specrouter.worker.calls import RowStep, SamplingParams, VerifyRow
+from specrouter.contract.calls import RowStep, SamplingParams, VerifyRow
 from specrouter.worker.compute import ComputeLoop
 from specrouter.worker.engine import EngineSettings, WorkerEngine
 from specrouter.worker.forward import ModelForward
@@ -35,7 +36,7 @@ def _handle(call: Callable[[], object], context: grpc.ServicerContext):
     try:
         return call()
     except Exception as exc:  # noqa: BLE001 - mapped to a status, never leaked as a traceback
-        code = protocol.status_for(exc)
+        code = errors.status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("internal error")
         elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -43,7 +44,7 @@ def _handle(call: Callable[[], object], context: grpc.ServicerContext):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()   # the cached blocks of the failed call go back for the next one
         if getattr(exc, "row_ids", None):   # the engine's RowError: the other rows can go on without these
-            context.set_trailing_metadata(protocol.failed_rows_to_metadata(exc.row_ids))
+            context.set_trailing_metadata(errors.failed_rows_to_metadata(exc.row_ids))
         context.abort(code, str(exc))
 
 
@@ -72,14 +73,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             result = self.compute.call(lambda: self.engine.prefill(request.state_id, rows, request.predictions))
             self._observe("prefill", result.timings)
             return pb.PrefillResponse(
-                timing=protocol.timing_to_pb(result.timings, time.perf_counter_ns() - start),
+                timing=wire.timing_to_pb(result.timings, time.perf_counter_ns() - start),
                 predictions=[pb.PrefillPredictions(tokens=t) for t in result.tokens] if request.predictions else [])
         return _handle(run, context)
 
     def Draft(self, request, context):
         def run():
             start = time.perf_counter_ns()
-            steps = [protocol.step_from_pb(r) for r in request.rows]
+            steps = [wire.step_from_pb(r) for r in request.rows]
             result = self.compute.call(lambda: self.engine.draft(request.state_id, request.level, request.window, steps,
                                                                   hand_up=request.hand_up))
             self._observe("draft", result.timings)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specrouter.worker.calls import StateError
+from specrouter.contract.errors import StateError
 
 ROOM_MIN = 64               # columns of room a buffer is given past what it holds when it grows
 FREE_SLOT_FRACTION = 0.25   # a leave compacts the slots once more than this fraction of them are free

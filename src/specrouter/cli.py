@@ -113,7 +113,7 @@ def _generate_in_process(prompt, pool, max_new_tokens, temperature, top_p, top_k
     from specrouter.inprocess import InProcessPool, chain_name
     from specrouter.router.lookup import LOOKUP
     from specrouter.router.requests import parse_chain
-    from specrouter.worker.calls import SamplingParams
+    from specrouter.contract.calls import SamplingParams
 
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=1.0 if top_p is None else top_p,
                             repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,

@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from specrouter.pool.load import PoolDir, load_model, load_tokenizer
-from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.lookup import LOOKUP, LookupProposer
 from specrouter.router.stops import StopStrings
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from specrouter.worker.engine import EngineSettings, WorkerEngine
 from specrouter.worker.forward import ModelForward
 

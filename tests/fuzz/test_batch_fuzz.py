@@ -24,7 +24,7 @@ from specrouter.router.batcher import Batcher
 from specrouter.router.handles import CancelledError, Failed, Finished
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.requests import GenerationRequest
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from specrouter.worker.engine import WorkerEngine
 from tests.conftest import TINY_VOCAB
 from tests.fuzz.conftest import quick_and_long

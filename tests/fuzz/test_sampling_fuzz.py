@@ -10,7 +10,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from specrouter.worker.sampling import BatchSampling, next_token_probs, sample, token_presence
 from tests.fuzz.conftest import FAST
 from tests.fuzz.strategies import INT32_MAX, INT32_MIN, floats32

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specrouter.profiler.metrics import bucket
+from specrouter.contract.measures import bucket
 from specrouter.v1 import profiler_pb2 as pb
 
 from .reports import GREEDY, SAMPLING, acceptance, forward, similarity, snapshot, without_age

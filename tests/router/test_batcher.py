@@ -9,7 +9,7 @@ import pytest
 from specrouter.router.batcher import Batcher
 from specrouter.router.handles import CancelledError, Failed, Finished
 from specrouter.router.requests import GenerationRequest
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 CONTEXT = 256
 

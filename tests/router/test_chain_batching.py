@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 
-from specrouter.router.chain import ChainBatch, Row, prompt_agreement, run_to_completion
-from specrouter.worker.calls import SamplingParams
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.row import Row, prompt_agreement
+from specrouter.contract.calls import SamplingParams
 
 CHAINS = [("t",), ("s", "t"), ("m", "t"), ("s", "m", "t")]
 CONTEXT = 256

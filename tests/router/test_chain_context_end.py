@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from specrouter.router.chain import FINISH_LENGTH, ChainBatch, Row, run_to_completion
-from specrouter.worker.calls import SamplingParams
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.row import FINISH_LENGTH, Row
+from specrouter.contract.calls import SamplingParams
 from specrouter.worker.engine import WorkerEngine
 from specrouter.worker.forward import ModelForward
 from tests.conftest import tiny_llama

@@ -14,7 +14,7 @@ from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.lookup import LOOKUP
 from specrouter.inprocess import InProcessPool
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from tests.conftest import DEMO_POOL
 
 PROMPTS = 30

@@ -12,8 +12,9 @@ import dataclasses
 import pytest
 import torch
 
-from specrouter.router.chain import ChainBatch, Row, run_to_completion
-from specrouter.worker.calls import SamplingParams
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.row import Row
+from specrouter.contract.calls import SamplingParams
 from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
 from tests.conftest import tiny_engines
 from tests.stats import chi_square_p_value

@@ -18,7 +18,7 @@ from specrouter.router.chain import ChainBatch
 from specrouter.router.handles import Failed, Finished
 from specrouter.router.lookup import LOOKUP, LookupProposer, RecentRows, lookup_proposal
 from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain
-from specrouter.worker.calls import RowStep, SamplingParams
+from specrouter.contract.calls import RowStep, SamplingParams
 from tests.conftest import tiny_engines
 from tests.router.test_chain_sampling import P_THRESHOLD, SAMPLES, VOCAB, exact_joint, sample_chain
 from tests.stats import chi_square_p_value

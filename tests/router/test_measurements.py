@@ -9,10 +9,12 @@ import pytest
 from specrouter.profiler.memory_store import MemoryStore
 from specrouter.profiler.server import create_server
 from specrouter.profiler.settings import ProfilerSettings
-from specrouter.router.chain import ChainBatch, CycleReport, Row, run_to_completion
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.measurements import Reporter, SnapshotCache, cycle_measurements
 from specrouter.v1 import profiler_pb2 as pb
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 
 def run_chain(engines, reports: list[CycleReport], rows_seen: list) -> None:

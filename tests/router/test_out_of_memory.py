@@ -17,8 +17,8 @@ from specrouter.router.handles import Failed, Finished
 from specrouter.router.failures import OutOfMemory, out_of_memory
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for
-from specrouter.worker.calls import SamplingParams
-from specrouter.worker.protocol import status_for as worker_status_for
+from specrouter.contract.calls import SamplingParams
+from specrouter.contract.errors import status_for as worker_status_for
 from tests.router.test_row_isolation import CONTEXT, PROMPTS, engine, outcome, served
 
 NEW = 16

@@ -23,7 +23,7 @@ from specrouter.router.placement import Placement, least_loaded
 from specrouter.router.replicas import ReplicaSet
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from tests.router.test_replicas import Fleet
 from tests.router.test_row_isolation import CONTEXT, engine, outcome
 from tests.router.test_worker_failover import prefer
@@ -35,7 +35,8 @@ METHODS = ("prefill", "draft", "verify", "release")
 
 
 def fakes(**counts: int) -> ReplicaSet:
-    return ReplicaSet.fixed({m: [SimpleNamespace(name=m) for _ in range(n)] for m, n in counts.items()})
+    return ReplicaSet.fixed({m: [SimpleNamespace(name=m, address=f"{m}:{i}", remote=False, probe=lambda timeout_s=2.0: None)
+                                   for i in range(n)] for m, n in counts.items()})
 
 
 def test_the_least_loaded_replica_of_each_model_is_chosen() -> None:
@@ -72,7 +73,7 @@ def test_replicas_that_are_down_are_passed_over_and_the_target_is_placed_all_the
     placed = placement.place({})
     assert set(placed) == {"t"} and placed["t"] in (t0, t1)   # tried: its failure reaches the requests
     assert placement.spare("t", {}, besides=t0) is None
-    health.probe_once()   # fakes without a probe are back at the first round
+    health.probe_once()   # fakes that answer their probe are back at the first round
     assert health.down() == {} and placement.place({id(d0): 1, id(t0): 1}) == {"d": d1, "t": t1}
 
 
@@ -229,8 +230,8 @@ def test_a_lost_target_replica_moves_its_rows_to_another_with_the_same_output(re
     assert fleet.states_on(spare).isdisjoint(fleet.states_on(dead))
     assert all(d.stats["chain_counts"] == {"s,t": d.stats["cycles"]} for d in done)
     moved = [r.getMessage() for r in caplog.records if "move to" in r.getMessage()]
-    assert moved == [f"the replica of t at t#{dead[1]} failed (replica {dead} is gone); 3 row(s) move to t#{spare[1]} "
-                     "and join again from their tokens"]
+    assert moved == [f"the replica of t at in-process:t#{dead[1]} failed (replica {dead} is gone); 3 row(s) move to "
+                     f"in-process:t#{spare[1]} and join again from their tokens"]
 
 
 def test_a_lost_drafter_replica_costs_speed_and_new_batches_start_on_the_other(reference) -> None:

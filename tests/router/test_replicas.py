@@ -17,7 +17,7 @@ class FakeWorker:
     """A worker as the router sees it after its Info: a model, an address, a channel that can be closed."""
 
     def __init__(self, address: str, model: str, **info):
-        self.address, self.name = address, model
+        self.address, self.name, self.remote = address, model, True
         self.info = SimpleNamespace(model_name=model, **{**INFO, **info})
         self.closed = False
 

@@ -17,7 +17,7 @@ from specrouter.router.remote import RemoteWorker
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for
 from specrouter.v1 import worker_pb2 as pb
-from specrouter.worker.calls import RowStep, SamplingParams
+from specrouter.contract.calls import RowStep, SamplingParams
 from specrouter.worker.compute import ComputeLoop
 from specrouter.worker.engine import ContextLengthError, WorkerEngine
 from specrouter.worker.forward import ModelForward

@@ -109,7 +109,7 @@ def test_traces_accept_what_the_real_chain_accepts() -> None:
 
     from benchmarks.scheduler_replay import build_traces
     from specrouter.inprocess import InProcessPool
-    from specrouter.worker.calls import SamplingParams
+    from specrouter.contract.calls import SamplingParams
     from tests.conftest import DEMO_POOL
 
     new_tokens, depth = 12, 8

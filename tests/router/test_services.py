@@ -21,7 +21,7 @@ from specrouter import AsyncClient, Client, DeadlineExceededError, InvalidReques
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.inprocess import InProcessPool
 from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.lookup import LOOKUP
 from specrouter.router.scheduling.settings import SchedulerSettings

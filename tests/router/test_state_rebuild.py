@@ -20,7 +20,7 @@ from specrouter.router.handles import Failed, Finished
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.replicas import ReplicaSet
 from specrouter.router.requests import GenerationRequest
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from tests.router.test_row_isolation import CONTEXT, PROMPTS, engine, outcome
 
 NEW = [6, 20, 14, 20]   # request 0 finishes first, and its release is the one that fails
@@ -266,6 +266,7 @@ def test_orphaned_states_are_released_once_their_worker_answers_and_given_up_aft
 
     class Worker:
         name = "w"
+        remote = False
 
         def release(self, state_id, row_ids=None):
             if not answers["w"]:

@@ -7,9 +7,10 @@ import pytest
 
 from specrouter.inprocess import InProcessPool
 from specrouter.pool.prompts import heldout_code_prompts
-from specrouter.router.chain import ChainBatch, Row, run_to_completion
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.row import Row
 from specrouter.router.stops import StopStrings
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from tests.conftest import DEMO_POOL
 
 PIECES = ["de", "f ", "pa", "rse", "(", "x", ")", ":", "\n", "    ", "ret", "urn", " x", "\n"]

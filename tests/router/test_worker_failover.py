@@ -19,7 +19,7 @@ from specrouter.worker.forward import ModelForward
 from tests.conftest import DEMO_POOL, tiny_llama
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.requests import GenerationRequest
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 CONTEXT = 256
 TARGET_SHAPE = (3, 64, 2)   # the tiny pool's target: seed, hidden size, layers (tests/conftest.py)

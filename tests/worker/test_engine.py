@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from specrouter.router.chain import ChainBatch, Row, run_to_completion
-from specrouter.worker.calls import RowStep, SamplingParams, VerifyRow
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.row import Row
+from specrouter.contract.calls import RowStep, SamplingParams, VerifyRow
 from specrouter.worker.engine import EngineSettings, UnknownStateError, WorkerEngine
 from specrouter.worker.forward import ModelForward
 from specrouter.worker.state import StateError

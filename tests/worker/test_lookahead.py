@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from specrouter.report import workloads
 from specrouter.worker import lookahead
-from specrouter.worker.calls import RowStep, SamplingParams
+from specrouter.contract.calls import RowStep, SamplingParams
 from specrouter.worker.engine import EngineSettings, WorkerEngine
 from specrouter.worker.forward import ModelForward
 from tests.conftest import DEMO_POOL

@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from specrouter.worker.sampling import (BatchSampling, key_uniforms, next_token_probs, row_uniforms, sample,
                                        stream_key, token_presence)
 from tests.stats import chi_square_p_value

@@ -8,11 +8,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrouter.pool.load import PoolDir
 from specrouter.pool.prompts import heldout_code_prompts
-from specrouter.router.chain import ChainBatch, Row, run_to_completion
+from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.row import Row
 from specrouter.inprocess import InProcessPool
 from specrouter.router.remote import RemoteWorker
 from specrouter.v1 import worker_pb2 as pb
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from tests.conftest import DEMO_POOL
 from specrouter.launcher import ServiceProcess
 

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specrouter.pool.similarity import PairSimilarity
-from specrouter.profiler.metrics import EmaConstants, Mode
+from specrouter.contract.measures import EmaConstants, Mode
 from specrouter.router.scheduling.candidates import Pair
 from specrouter.router.scheduling.snapshot import Snapshot
 

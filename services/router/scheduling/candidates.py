@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from specrouter.profiler.metrics import Mode
+from specrouter.contract.measures import Mode
 
 Pair = tuple[str, str, Mode]   # (drafter, verifier, mode)
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from specrouter.router.chain import CycleReport, Row
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.scheduling.ema import Ema, power_of_two
 from specrouter.router.scheduling.latency import LatencyTable
 from specrouter.router.scheduling.settings import SchedulerSettings

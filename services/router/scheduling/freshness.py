@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from specrouter.router.chain import CycleReport, Row
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.scheduling.candidates import Pair, chain_pairs, mode_of
 from specrouter.router.scheduling.snapshot import Snapshot
 

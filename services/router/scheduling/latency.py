@@ -13,7 +13,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from specrouter.profiler.metrics import bucket
+from specrouter.contract.measures import bucket
 from specrouter.router.scheduling.snapshot import Snapshot
 
 

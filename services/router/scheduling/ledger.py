@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from specrouter.router.chain import CycleReport, Row
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.scheduling.candidates import Pair, chain_pairs, mode_of
 from specrouter.router.scheduling.cycle_cost import Prediction
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from specrouter.profiler.metrics import Mode, bucket
+from specrouter.contract.measures import Mode, bucket
 from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.requests import MAX_WINDOW
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, shifted

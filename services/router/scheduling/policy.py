@@ -30,8 +30,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from specrouter.profiler.metrics import Mode
-from specrouter.router.chain import Row
+from specrouter.contract.measures import Mode
+from specrouter.router.row import Row
 from specrouter.router.scheduling.candidates import chain_pairs, mode_of
 from specrouter.router.scheduling.cycle_cost import Prediction
 from specrouter.router.scheduling.freshness import PairFreshness

@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from specrouter.profiler.metrics import EmaConstants
-from specrouter.router.chain import CycleReport, Row
+from specrouter.contract.measures import EmaConstants
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.scheduling.acceptance import logit
 from specrouter.router.scheduling.candidates import Pair, chain_pairs, mode_of
 from specrouter.router.scheduling.ema import Ema

@@ -17,7 +17,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 
-from specrouter.router.chain import CycleReport, Row
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.scheduling.acceptance import logit
 from specrouter.router.scheduling.candidates import chain_pairs
 from specrouter.router.scheduling.cycle_cost import Prediction

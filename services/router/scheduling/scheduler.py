@@ -31,9 +31,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from specrouter.pool.similarity import PairSimilarity
-from specrouter.router.chain import ChainBatch, CycleReport, Row
+from specrouter.router.chain import ChainBatch
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, RecentReports
-from specrouter.profiler.metrics import Mode
+from specrouter.contract.measures import Mode
 from specrouter.router.scheduling.candidates import Pair, candidate_chains, chain_pairs, mode_of
 from specrouter.router.scheduling.context_scales import ContextScales
 from specrouter.router.scheduling.draft_passes import DraftPasses

@@ -18,7 +18,7 @@ import math
 import types
 from collections.abc import Callable, Mapping, Sequence
 
-from specrouter.router.chain import Row
+from specrouter.router.row import Row
 from specrouter.router.scheduling.cycle_cost import Prediction
 from specrouter.router.scheduling.finish import FINISH_HORIZON, Finish, tail_factor
 from specrouter.router.scheduling.plans import Plan

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from specrouter.router.chain import Row
+from specrouter.router.row import Row
 from specrouter.router.measurements import snapshot_from_pb
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.scheduling.settings import SchedulerSettings
 from specrouter.v1 import profiler_pb2 as ppb
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 
 GREEDY = ppb.DECODING_MODE_GREEDY
 MS = 1e6

@@ -7,13 +7,13 @@ import math
 import pytest
 
 from specrouter.pool.similarity import PairSimilarity
-from specrouter.profiler.metrics import Mode
+from specrouter.contract.measures import Mode
 from specrouter.router.measurements import snapshot_from_pb
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, Calibration, RecentReports
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.scheduling.settings import SchedulerSettings
 from specrouter.v1 import profiler_pb2 as ppb
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from tests.router.scheduling.fakes import DECODE_MS, GREEDY, Clock, FakeBatch, snapshot, snapshot_pb
 
 

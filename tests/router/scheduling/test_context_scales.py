@@ -11,8 +11,8 @@ def test_a_batch_is_planned_with_the_forward_times_of_its_context_length() -> No
     """Passes over these rows' context cost the target twice what the profiler's table says: once enough
     cycles measured it, a batch of that context length has its target level scaled by it, its drafter's
     level not (as the table says), and a batch of another context length nothing."""
-    from specrouter.router.chain import CycleReport
-    from specrouter.worker.calls import ForwardTiming, StepResult
+    from specrouter.router.cycle_report import CycleReport
+    from specrouter.contract.calls import ForwardTiming, StepResult
 
     sched, _ = make({("a", "t"): 0.6, ("b", "t"): 0.5, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9,
                     context_min_cycles=3)
@@ -54,8 +54,8 @@ def test_a_model_that_sits_out_is_priced_by_the_target_and_its_own_ratio_fades()
     left out since must not keep that price (it would stay out because of it): its ratio over the target's
     fades towards 1 in the cycles it sits out, while the target's own ratio follows what it measures. A
     model never measured at a context length is priced like the target there."""
-    from specrouter.router.chain import CycleReport
-    from specrouter.worker.calls import ForwardTiming, StepResult
+    from specrouter.router.cycle_report import CycleReport
+    from specrouter.contract.calls import ForwardTiming, StepResult
 
     fade = 0.05
     sched, _ = make({("a", "t"): 0.6, ("b", "t"): 0.5, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9,

@@ -8,9 +8,9 @@ from tests.router.scheduling.fakes import FakeBatch, make
 
 
 def test_a_lone_rows_drafts_that_look_ahead_price_its_longer_windows_lower() -> None:
-    from specrouter.router.chain import CycleReport
+    from specrouter.router.cycle_report import CycleReport
     from specrouter.router.scheduling.draft_passes import draft_scale
-    from specrouter.worker.calls import ForwardTiming, StepResult
+    from specrouter.contract.calls import ForwardTiming, StepResult
 
     sched, _ = make({("a", "t"): 0.7}, explore_after_s=1e9)
     before = sched.planner.make(1, 0)

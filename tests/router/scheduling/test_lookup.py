@@ -8,15 +8,17 @@ import random
 
 import pytest
 
-from specrouter.profiler.metrics import Mode
-from specrouter.router.chain import ChainBatch, CycleReport, Row
+from specrouter.contract.measures import Mode
+from specrouter.router.chain import ChainBatch
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.row import Row
 from specrouter.router.lookup import (LOOKUP, NO_GUESS, SHADOW_WINDOW, LookupProposer, judged, longest_match,
                                      prompt_guesses)
 from specrouter.router.measurements import acceptance_counts
 from specrouter.router.scheduling.candidates import candidate_chains
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.scheduling.settings import SchedulerSettings
-from specrouter.worker.calls import SamplingParams, StepResult
+from specrouter.contract.calls import SamplingParams, StepResult
 from tests.router.scheduling.fakes import DECODE_MS, GREEDY, Clock, FakeBatch, snapshot, snapshot_pb
 from specrouter.router.measurements import snapshot_from_pb
 

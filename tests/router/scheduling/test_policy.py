@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specrouter.profiler.metrics import Mode
+from specrouter.contract.measures import Mode
 from specrouter.router.scheduling.candidates import chain_pairs
 from specrouter.router.scheduling.scheduler import Scheduler
 from tests.router.scheduling.fakes import Clock, FakeBatch, make, snapshot

@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from specrouter.profiler.metrics import Mode
-from specrouter.router.chain import Row
+from specrouter.contract.measures import Mode
+from specrouter.router.row import Row
 from specrouter.router.scheduling.scheduler import Scheduler
 from tests.router.scheduling.fakes import DECODE_MS, Clock, FakeBatch, make, snapshot
 
 
 def _prompt_cycle(chain: tuple[str, ...], rows: list[Row], proposed: int = 2):
-    from specrouter.router.chain import CycleReport
+    from specrouter.router.cycle_report import CycleReport
 
     return CycleReport(chain, 2, emitted={r.row_id: [5] for r in rows},
                        accepted={v: [1] * len(rows) for v in chain[1:]},

@@ -50,7 +50,7 @@ def test_a_batch_drafting_worse_than_the_pool_is_planned_for_what_it_does() -> N
 
 
 def test_observe_keeps_each_rows_record_against_the_pools_prediction() -> None:
-    from specrouter.router.chain import CycleReport
+    from specrouter.router.cycle_report import CycleReport
 
     sched, _ = make({("a", "t"): 0.5}, explore_after_s=1e9, row_memory=0.5)
     batch = FakeBatch(2)
@@ -70,7 +70,7 @@ def test_observe_keeps_each_rows_record_against_the_pools_prediction() -> None:
 def test_a_rows_record_ages_through_cycles_without_drafts() -> None:
     """A row that went to target-only on a bad streak drafts nothing, so nothing new enters its record;
     the record still ages, so the batch's shift returns to the pool's rate and the chain gets a new try."""
-    from specrouter.router.chain import CycleReport
+    from specrouter.router.cycle_report import CycleReport
     from specrouter.router.scheduling.row_records import batch_shift
 
     s = SchedulerSettings(explore_after_s=1e9)

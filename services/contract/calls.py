@@ -1,9 +1,9 @@
-"""The types both sides of a worker call use: the router builds the steps, the worker returns the results.
+"""The steps the router sends a worker and what the worker returns.
 
 A call names a state by id and carries one step per row. `RowStep` is a row's draft step, `VerifyRow`
-adds the proposal to check; `StepResult` is what any operation returns. The worker's engine takes and
-returns these in process; `protocol.py` turns them into protobuf and back for the gRPC call. They are
-plain dataclasses, so the router needs nothing else of the worker.
+adds the proposal to check; `StepResult` is what any operation returns, `WorkerInfo` what a worker says of
+itself. The worker's engine takes and returns these in process; `wire.py` turns them into protobuf and
+back for the gRPC call.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import torch
+from typing import Any
 
 GREEDY_TEMPERATURE = 0.0
 # Logits are divided by the temperature and by the repetition penalty in fp32: below these the quotients can
@@ -20,8 +19,13 @@ GREEDY_TEMPERATURE = 0.0
 MIN_TEMPERATURE = 1e-2
 MIN_REPETITION_PENALTY = 1e-2
 
-__all__ = ["GREEDY_TEMPERATURE", "ContextLengthError", "ForwardTiming", "RowError", "RowStateError", "RowStep",
-           "SamplingParams", "StateError", "StepResult", "UnknownStateError", "VerifyRow"]
+__all__ = ["GREEDY_TEMPERATURE", "MIN_REPETITION_PENALTY", "MIN_TEMPERATURE", "DistributionRows", "ForwardTiming",
+           "RowStep", "SamplingParams", "StepResult", "VerifyRow", "WorkerInfo"]
+
+# The distribution rows a level hands up for the tokens it proposed ([k, vocab] in fp16, sparse or dense):
+# the engine's tensor within one process, the wire's encoded rows (`wire.py`) between processes. The router
+# only cuts them to a proposal's length (`len`, slicing) and hands them to the next level as they are.
+DistributionRows = Any
 
 
 @dataclass(frozen=True)
@@ -75,13 +79,13 @@ class RowStep:
 @dataclass(frozen=True)
 class VerifyRow(RowStep):
     proposal: Sequence[int] = ()
-    proposal_rows: torch.Tensor | None = None  # [k, vocab] fp16 wire rows the proposal was drawn from; None: greedy
+    proposal_rows: DistributionRows | None = None  # the rows the proposal was drawn from; None: greedy
 
 
 @dataclass
 class StepResult:
     tokens: list[list[int]]                  # per row: the draft, or the verified proposal (accepted + 1)
-    rows: list[torch.Tensor | None]          # per row: [len, vocab] fp16 wire rows handed upward, or None
+    rows: list[DistributionRows | None]     # per row: the distribution rows handed upward, or None
     accepted: list[int] = field(default_factory=list)  # verify only: accepted proposal tokens per row
     similarity: list[float] = field(default_factory=list)  # verify only, per row: sum over the proposal of 1 - TV(p, q)
     timings: list[ForwardTiming] = field(default_factory=list)
@@ -92,32 +96,17 @@ class StepResult:
         return sum(t.forward_ns for t in self.timings)
 
 
-# -- the errors a call can end with (protocol.status_for maps them to gRPC status codes) ----------------
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker says of the model it serves: the router checks that a pool's models share a tokenizer
+    and that the replicas of a model agree, reads each model's size and context, and takes the latencies
+    measured at warm-up as the scheduler's prior."""
 
-
-class StateError(ValueError):
-    """A state operation that the state cannot honour (too long a rollback, unknown rows, ...)."""
-
-
-class UnknownStateError(KeyError):
-    """No state with this id (never created, released, or reclaimed after its TTL)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "unknown state"
-
-
-class RowError(ValueError):
-    """A call that cannot be honoured for some of its rows (`row_ids`), for reasons of those rows alone. It
-    is raised before the call changes anything, so the same call without those rows can go ahead."""
-
-    def __init__(self, message: str, row_ids: Sequence[str]):
-        super().__init__(message)
-        self.row_ids = tuple(row_ids)
-
-
-class RowStateError(RowError, StateError):
-    """Rows whose state cannot honour the call: not in the state, too long a rollback, no pending token."""
-
-
-class ContextLengthError(RowStateError):
-    """Rows would grow past the model's context length."""
+    model_name: str
+    parameters: int
+    vocab_size: int
+    context_length: int
+    tokenizer_sha256: str = ""   # empty where unknown (an engine built in this process from a model alone)
+    device: str = "cpu"
+    dtype: str = "float32"
+    warmup_forwards: tuple[ForwardTiming, ...] = ()
