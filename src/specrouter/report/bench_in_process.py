@@ -7,9 +7,11 @@ as the router stops, so that their outputs compare with the services' token for 
   B > 1, batched in waves of B; assisted generation with a drafter and prompt lookup, one at a time;
 - `engine`: the router's chain step (`ChainBatch`) over the pool's worker engines in this process
   (`InProcessPool`), for one static chain and window, in waves of B rows in one `ChainBatch` (B = 1: one
-  prompt at a time). It is what the services run for that chain and window less gRPC, the router's
+  prompt at a time; a wave ends with its longest row, where the services' B clients each send their next
+  request as one returns). It is what the services run for that chain and window less gRPC, the router's
   batcher, the client and the processes between them, so the services' speed over it is what they keep
-  of the engine.
+  of the engine. The lookup chain has no engine row: the router's lookup level also copies from the rows
+  it ran before, which a fresh batch in process has not seen, so the two would not propose alike.
 
 The engines drive the same loaded models as the peers (the pool is held in memory once), with the
 workers' default engine settings, and are warmed up as a worker warms up at start (every forward shape of
