@@ -9,11 +9,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 from specrouter.pool.load import PoolDir, load_model, load_tokenizer
 from specrouter.router.chain import ChainBatch, run_to_completion
@@ -44,13 +45,16 @@ def chain_name(chain: Sequence[str]) -> str:
 
 class InProcessPool:
     def __init__(self, pool: PoolDir, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 settings: EngineSettings = EngineSettings()):
+                 settings: EngineSettings = EngineSettings(), models: Mapping[str, PreTrainedModel] | None = None):
+        """`models`: the pool's models already loaded (by name), which the engines then drive instead of
+        loading their own (`dtype` and `device` are theirs): a caller that also runs them with transformers
+        holds the pool in memory once. The engines only read the weights."""
         self.pool = pool
         self.target = pool.target
         self.tokenizer = load_tokenizer(pool.model_dir(pool.target))
+        loaded = models if models is not None else {n: load_model(pool.model_dir(n), dtype, device) for n in pool.names}
         self.engines: dict[str, WorkerEngine] = {
-            name: WorkerEngine(name, ModelForward(load_model(pool.model_dir(name), dtype, device)), settings)
-            for name in pool.names
+            name: WorkerEngine(name, ModelForward(loaded[name]), settings) for name in pool.names
         }
         self.context_length = min(e.forward.context_length for e in self.engines.values())
         self.parameters = {n: sum(p.numel() for p in e.forward.model.parameters()) for n, e in self.engines.items()}

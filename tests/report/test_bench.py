@@ -1,30 +1,27 @@
-"""`specrouter bench`: its statistics, checks, equality check, breakdown arithmetic and formatting; the
-transformers peers against a hand-rolled greedy loop on tiny random Llamas; one end-to-end run (slow)."""
+"""`specrouter bench`: its statistics, checks, equality check, breakdown arithmetic and formatting, the
+experiment design on a synthetic bench, and one end-to-end run (slow). The transformers peers are tested in
+test_bench_peers.py, the engine's rows in test_bench_engine.py."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from specrouter.pool.manifest import PoolManifest, PoolMember
-from specrouter.report import peers as hf
-from specrouter.report.bench import (SWITCHING, Bench, BenchError, BenchReport, BenchSettings, ModelRow, Run,
-                                     ServiceConfig, check_kinds, requests_for, workloads)
+from specrouter.report.bench import (SWITCHING, BenchError, BenchReport, BenchSettings, ModelRow, ServiceConfig,
+                                     check_kinds, requests_for, workloads)
 from specrouter.report.bench_format import (check_lines, column_labels, format_markdown, report_json,
                                             write_chart)
-from specrouter.report.bench_results import (ADAPTIVE, FAIL, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS, LOOKUP_CHAIN,
+from specrouter.report.bench_results import (ADAPTIVE, FAIL, HF_PROMPT_LOOKUP, HF_TARGET, LOOKUP_CHAIN,
                                              NOT_RUN, PASS, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
-                                             BreakdownSum, Cell, Entry, Mismatch, Screened, Spread, agreeing,
-                                             assisted_label, evaluate_checks, find_mismatches, first_difference,
-                                             set_ratios)
+                                             BreakdownSum, Cell, Mismatch, Screened, Spread, agreeing,
+                                             assisted_label, engine_label, evaluate_checks, find_mismatches,
+                                             first_difference, set_ratios)
 from specrouter.report.workloads import Prompt
 from tests.conftest import DEMO_POOL
+from tests.report.bench_fakes import FakeBench, made_up_cell, save_tiny_pool
 
 # -- statistics -----------------------------------------------------------------------------------
 
@@ -103,19 +100,10 @@ def test_a_mismatch_against_tmo_is_found_prompt_by_prompt() -> None:
 # -- ratios and checks ----------------------------------------------------------------------------
 
 
-def _entry(label: str, tps: float, path: str = SERVICES) -> Entry:
-    return Entry(label, path, None, 0, Spread.of([tps * 0.95, tps, tps * 1.05]))
-
-
-def _cell(kind: str, batch: int, speeds: dict[str, float]) -> Cell:
-    entries = [_entry(label, v, IN_PROCESS if label.startswith("hf") else SERVICES) for label, v in speeds.items()]
-    return Cell(kind, batch, 8, HF_TARGET, entries, [Screened(["d", "t"], 2, 1.0)])
-
-
 def _cells(adaptive_code: float = 150.0) -> list[Cell]:
-    return [_cell("code", 1, {HF_TARGET: 100.0, assisted_label("d"): 120.0, TMO: 95.0, ADAPTIVE: adaptive_code}),
-            _cell("code", 4, {HF_TARGET: 300.0, TMO: 280.0, ADAPTIVE: 360.0}),
-            _cell("repetitive", 1, {HF_TARGET: 100.0, TMO: 90.0, ADAPTIVE: 200.0})]
+    code = {HF_TARGET: 100.0, assisted_label("d"): 120.0, TMO: 95.0, ADAPTIVE: adaptive_code}
+    return [made_up_cell("code", 1, code), made_up_cell("code", 4, {HF_TARGET: 300.0, TMO: 280.0, ADAPTIVE: 360.0}),
+            made_up_cell("repetitive", 1, {HF_TARGET: 100.0, TMO: 90.0, ADAPTIVE: 200.0})]
 
 
 def test_ratios_are_over_the_cells_reference_and_the_kinds_batch_one_generate() -> None:
@@ -136,22 +124,23 @@ def test_checks_pass_fail_and_not_run() -> None:
     assert status["adaptive >= 1.8x in-process target-only, repetitive, batch 1"] == PASS     # 2.00
     assert status["adaptive >= 1.15x in-process batched target-only generate, code, batch 4"] == PASS  # 1.20
     assert status["adaptive >= 1.15x in-process batched target-only generate, code, batch 16"] == NOT_RUN
-    assert status["greedy outputs equal across every services configuration"] == PASS
+    assert status["greedy outputs equal across every services configuration and the engine in process"] == PASS
     assert checks["adaptive >= 1.35x in-process target-only, code, batch 1"].value == pytest.approx(1.5)
     # slower adaptive on code: both batch-1 code checks fail; a mismatch fails the equality check
     failing = {c.name: c.status for c in evaluate_checks(_cells(adaptive_code=130.0),
                                                          [Mismatch("code", 1, ADAPTIVE, 0, 3)], ["d"])}
     assert failing["adaptive >= 1.35x in-process target-only, code, batch 1"] == FAIL
     assert failing["adaptive >= 1.15x the best transformers assisted generation, code, batch 1"] == FAIL
-    assert failing["greedy outputs equal across every services configuration"] == FAIL
+    assert failing["greedy outputs equal across every services configuration and the engine in process"] == FAIL
 
 
 def test_checks_of_cells_not_run_are_not_run_and_never_pass() -> None:
-    checks = evaluate_checks([_cell("prose", 1, {HF_TARGET: 100.0, TMO: 99.0, ADAPTIVE: 110.0})], [], ["d"])
+    checks = evaluate_checks([made_up_cell("prose", 1, {HF_TARGET: 100.0, TMO: 99.0, ADAPTIVE: 110.0})], [], ["d"])
     status = {c.name: c.status for c in checks}
     assert status["services TMO >= 0.92x in-process target-only, code, batch 1"] == NOT_RUN   # code always listed
     assert status["services TMO >= 0.92x in-process target-only, prose, batch 1"] == PASS
-    assert sum(s == NOT_RUN for s in status.values()) == 6
+    assert status["services keep >= 0.9x the same chain and window in process, prose, batch 1"] == NOT_RUN
+    assert sum(s == NOT_RUN for s in status.values()) == 8   # no engine rows in the cell: no share kept
     assert evaluate_checks([], [], [])[-1].status == NOT_RUN
 
 
@@ -179,7 +168,7 @@ def test_markdown_has_the_tables_and_the_checks(tmp_path: Path) -> None:
             in text)
     assert "| code | 1 | adaptive | 4 | 1m 0.50, 29m 1.00 |" in text      # the breakdown, names shortened
     assert "| code | 4 | TMO | unavailable |" in text
-    assert "- FAIL: greedy outputs equal across every services configuration." in text
+    assert "- FAIL: greedy outputs equal across every services configuration and the engine in process." in text
     assert "code batch 4: adaptive, prompt 1, first differing token 7" in text
     lines = check_lines(report)
     assert lines[-1].startswith("FAIL  greedy outputs equal") and any(x.startswith("n/a ") for x in lines)
@@ -208,47 +197,8 @@ def test_workloads_cells_and_the_switching_run() -> None:
         check_kinds(prompts[:3], [SWITCHING])
 
 
-class _FakeBench(Bench):
-    """A Bench whose runs are synthetic: every run of a prompt gives `[prompt index] * 3` and takes a second,
-    except that `wrong` gives a different token for prompt 1."""
-
-    def __init__(self, wrong: ServiceConfig | None = None):   # no client, no models
-        self.settings = BenchSettings(kinds=("code",), batch_sizes=(1,), requests=2, rounds=2, windows=(2, 3))
-        self.models = [ModelRow("s", 1, "drafter"), ModelRow("m", 5, "drafter"), ModelRow("t", 29, "target")]
-        self.target, self.drafters, self.lookup = "t", ["s", "m"], "lookup"
-        self.wrong, self.calls = wrong, []
-        self.progress = _CountingProgress()
-
-    def services(self, config, prompts, batch):
-        self.calls.append(config)
-        outputs = [[i] * 3 for i in range(len(prompts))]
-        if config == self.wrong:
-            outputs[1] = [1, 9, 1]
-        speed = {("s", "t", 2): 30.0, ("s", "t", 3): 40.0, ("m", "t", 2): 50.0, ("m", "t", 3): 20.0}
-        seconds = len(prompts) * 3 / speed.get((*(config.chain or ()), config.window), 10.0)
-        return Run(len(prompts) * 3, seconds, outputs, [(SimpleNamespace(cycles=1), 0) for _ in prompts])
-
-    def in_process(self, label, ids, batch):
-        self.calls.append(label)
-        return Run(len(ids) * 3, 1.0, [[i] * 3 for i in range(len(ids))])
-
-
-class _CountingProgress:
-    def __init__(self):
-        self.total = self.done = 0
-
-    def start(self, total):
-        self.total = total
-
-    def advance(self, waves, description):
-        self.done += waves
-
-    def lower_total(self, waves):
-        self.total -= waves
-
-
 def test_plan_picks_the_smallest_drafters_best_window_and_the_best_two_level() -> None:
-    bench = _FakeBench()
+    bench = FakeBench()
     screened = [Screened(["s", "t"], 2, 30.0), Screened(["s", "t"], 3, 40.0), Screened(["m", "t"], 2, 50.0)]
     plan = bench.plan(screened)
     assert plan == {TMO: ServiceConfig(("t",), 0), SSD_SMALLEST: ServiceConfig(("s", "t"), 3),
@@ -257,35 +207,36 @@ def test_plan_picks_the_smallest_drafters_best_window_and_the_best_two_level() -
 
 
 def test_a_cell_screens_then_runs_interleaved_rounds_and_checks_every_run() -> None:
-    bench = _FakeBench()
+    bench = FakeBench()
     w = workloads([Prompt("code", "a"), Prompt("code", "b")], bench.settings, lambda t: [1, 2])[0]
     bench.progress.start(bench.planned_waves(w))
     cell, mismatches = bench.cell(w, 0)
     assert mismatches == []
     assert [s.window for s in cell.screening] == [2, 3, 2, 3]
     labels = [e.label for e in cell.entries]
-    assert labels == [TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE, HF_TARGET, "hf-assisted:s",
+    assert labels == [TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE, engine_label(TMO),
+                      engine_label(SSD_TUNED), engine_label(THREE_LEVEL), HF_TARGET, "hf-assisted:s",
                       "hf-assisted:m", HF_PROMPT_LOOKUP]
     assert all(len(e.tokens_per_s.runs) == 2 for e in cell.entries)
     assert cell.entry(SSD_TUNED).chain == ["m", "t"] and cell.entry(SSD_TUNED).window == 2
     assert cell.entry(HF_TARGET).agrees_with_tmo == 2
     assert cell.entry(TMO).breakdown is None            # the fake stats carry no breakdown: unavailable
-    # warm-up + 4 screenings + 2 rounds of 6 services configurations and 4 peers
-    assert len(bench.calls) == 1 + 4 + 2 * 10
-    first_round, second_round = bench.calls[5:15], bench.calls[15:]
+    # warm-up + 4 screenings + 2 rounds of 6 services configurations, 3 engine rows and 4 peers
+    assert len(bench.calls) == 1 + 4 + 2 * 13
+    first_round, second_round = bench.calls[5:18], bench.calls[18:]
     assert set(map(str, first_round)) == set(map(str, second_round)) and first_round != second_round  # shuffled
     assert bench.progress.done == bench.progress.total
 
 
 def test_a_services_configuration_that_differs_from_tmo_is_reported() -> None:
-    bench = _FakeBench(wrong=ServiceConfig(("s", "m", "t"), 4))
+    bench = FakeBench(wrong=ServiceConfig(("s", "m", "t"), 4))
     w = workloads([Prompt("code", "a"), Prompt("code", "b")], bench.settings, lambda t: [1, 2])[0]
     _, mismatches = bench.cell(w, 0)
     assert mismatches and {(m.label, m.prompt_index, m.position) for m in mismatches} == {(THREE_LEVEL, 1, 1)}
 
 
 def test_ssd_smallest_and_tuned_on_one_configuration_are_measured_once() -> None:
-    bench = _FakeBench()
+    bench = FakeBench()
     bench.drafters, bench.models = ["m"], [ModelRow("m", 5, "drafter"), ModelRow("t", 29, "target")]
     w = workloads([Prompt("code", "a"), Prompt("code", "b")], bench.settings, lambda t: [1, 2])[0]
     bench.progress.start(bench.planned_waves(w))
@@ -294,116 +245,10 @@ def test_ssd_smallest_and_tuned_on_one_configuration_are_measured_once() -> None
     assert bench.calls.count(ServiceConfig(("m", "t"), 2)) == 1 + 2     # screening, then one per round
     assert bench.progress.done == bench.progress.total
     # a mismatch of the shared configuration is reported once per run, under the label that measured it
-    bench = _FakeBench(wrong=ServiceConfig(("m", "t"), 2))
+    bench = FakeBench(wrong=ServiceConfig(("m", "t"), 2))
     bench.drafters, bench.models = ["m"], [ModelRow("m", 5, "drafter"), ModelRow("t", 29, "target")]
     _, mismatches = bench.cell(w, 0)
     assert sorted(m.label for m in mismatches) == [SSD_SMALLEST, SSD_SMALLEST, "screening m,t W2"]
-
-
-# -- the transformers peers on tiny random Llamas -------------------------------------------------
-
-TINY_HIDDEN, TINY_LAYERS, SHARPNESS = 32, 2, 8.0
-
-
-def _tiny(seed: int, vocab: int, layers: int = TINY_LAYERS) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=TINY_HIDDEN, intermediate_size=2 * TINY_HIDDEN,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
-                         pad_token_id=0)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(SHARPNESS)   # peaked next-token distributions: no near ties to flip
-    return model
-
-
-@pytest.fixture(scope="module")
-def tiny_pool(tmp_path_factory) -> Path:
-    """A two-model pool of tiny random Llamas (a few hundred K parameters) with the demo pool's tokenizer."""
-    root = tmp_path_factory.mktemp("tiny-pool")
-    vocab = json.loads((DEMO_POOL / "stdlib-29m" / "config.json").read_text())["vocab_size"]
-    for name, seed, layers in (("t", 1, 2), ("d", 2, 1)):
-        _tiny(seed, vocab, layers).save_pretrained(root / name)
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(DEMO_POOL / "stdlib-29m" / f, root / name / f)
-    PoolManifest("t", [PoolMember("t", "t"), PoolMember("d", "d")]).save(root)
-    return root
-
-
-@pytest.fixture(scope="module")
-def peers(tiny_pool: Path) -> hf.PeerModels:
-    return hf.PeerModels.load(tiny_pool)
-
-
-def _greedy_loop(model, prompt: list[int], n: int, eos: int | None) -> list[int]:
-    """Greedy decoding by hand: the whole sequence through the model at every step, argmax of the last."""
-    tokens = list(prompt)
-    with torch.inference_mode():
-        for _ in range(n):
-            logits = model(torch.tensor([tokens])).logits   # [1, len, vocab]
-            tokens.append(int(logits[0, -1].argmax()))
-            if tokens[-1] == eos:
-                break
-    return tokens[len(prompt):]
-
-
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, x):"]
-
-
-def test_peers_encode_as_the_router_does(peers: hf.PeerModels) -> None:
-    ids = peers.encode(PROMPTS[0])
-    assert ids == peers.tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
-    assert ids[0] != peers.tokenizer.bos_token_id
-    assert peers.drafters() == ["d"] and peers.target == "t"
-
-
-def test_target_only_generate_gives_the_greedy_loops_tokens(peers: hf.PeerModels) -> None:
-    target = peers.models["t"]
-    for text in PROMPTS:
-        ids = peers.encode(text)
-        want = _greedy_loop(target, ids, 12, peers.eos_token_id)
-        assert hf.generate_target(peers, ids, 12) == want
-        assert hf.generate_assisted(peers, "d", ids, 12) == want
-
-
-class _StopAt(hf.PeerModels):
-    """The same models with another EOS id: where a generation stops is then known in advance."""
-
-    def __init__(self, peers: hf.PeerModels, eos: int):
-        super().__init__(peers.tokenizer, peers.models, peers.target)
-        self._eos = eos
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos
-
-
-def test_the_peers_stop_at_eos_and_keep_it_as_the_router_does(peers: hf.PeerModels) -> None:
-    ids = peers.encode(PROMPTS[1])
-    free = _greedy_loop(peers.models["t"], ids, 12, None)
-    eos = free[5]
-    stopped = free[: free.index(eos) + 1]
-    stopping = _StopAt(peers, eos)
-    assert hf.generate_target(stopping, ids, 12) == stopped
-    assert hf.generate_assisted(stopping, "d", ids, 12) == stopped
-    assert hf.generate_batched(stopping, [ids, peers.encode(PROMPTS[0])], 12)[0] == stopped
-
-
-def test_batched_generate_left_pads_and_gives_each_rows_greedy_tokens(peers: hf.PeerModels) -> None:
-    prompts = [peers.encode(t) for t in PROMPTS]
-    ids, mask = hf.left_pad(prompts, pad=0)
-    longest = max(map(len, prompts))
-    assert ids.shape == mask.shape == (3, longest)
-    assert mask[0].tolist() == [0] * (longest - len(prompts[0])) + [1] * len(prompts[0])
-    want = [_greedy_loop(peers.models["t"], p, 10, peers.eos_token_id) for p in prompts]
-    assert hf.generate_batched(peers, prompts, 10) == want
-
-
-def test_room_and_trim_follow_the_routers_limits() -> None:
-    assert hf.room(prompt_len=10, max_new_tokens=64, context_length=32) == 21   # stops at 31 tokens held
-    assert hf.room(prompt_len=40, max_new_tokens=64, context_length=32) == 0
-    assert hf.trim_at_eos([5, 6, 0, 0, 0], eos=0, limit=4) == [5, 6, 0]
-    assert hf.trim_at_eos([5, 6, 7], eos=0, limit=2) == [5, 6]
 
 
 # -- end to end (slow) ----------------------------------------------------------------------------
@@ -422,6 +267,11 @@ def test_bench_end_to_end_through_a_local_cluster() -> None:
     assert {TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE, HF_TARGET, HF_PROMPT_LOOKUP} <= labels
     assert cell.entry(LOOKUP_CHAIN).chain[0] == "lookup"
     assert {assisted_label(m.name) for m in report.models if m.role != "target"} <= labels
+    for twin in (TMO, SSD_TUNED, THREE_LEVEL):   # the engine in process beside each, on its chain and window
+        engine = cell.entry(engine_label(twin))
+        assert (engine.chain, engine.window) == (cell.entry(twin).chain, cell.entry(twin).window)
+        assert cell.entry(twin).kept is not None
+    assert any(c.name.startswith("services keep >= 0.9x") and c.status in (PASS, FAIL) for c in report.checks)
     assert len(cell.screening) == len(report.models) - 1                # every two-level chain at window 2
     assert report.mismatches == []
     assert report.checks[-1].status == PASS
@@ -456,11 +306,9 @@ def test_progress_without_a_terminal_prints_a_line_per_phase() -> None:
     assert "3/10 waves" in lines[1] and "10/10 waves" in lines[2]
 
 
-def test_peers_load_in_the_dtype_asked_and_decode_greedily_in_it(tiny_pool: Path) -> None:
-    half = hf.PeerModels.load(tiny_pool, device="cpu", dtype="bfloat16")
-    assert {p.dtype for m in half.models.values() for p in m.parameters()} == {torch.bfloat16}
-    prompt = half.encode("def parse(line):\n    return")
-    assert hf.generate_target(half, prompt, 6) == _greedy_loop(half.models[half.target], prompt, 6, half.eos_token_id)
+@pytest.fixture(scope="module")
+def tiny_pool(tmp_path_factory) -> Path:
+    return save_tiny_pool(tmp_path_factory.mktemp("tiny-pool"))
 
 
 def test_the_bench_starts_its_cluster_on_the_device_and_dtype_of_its_peers(tiny_pool: Path, monkeypatch) -> None:

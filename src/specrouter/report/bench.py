@@ -9,18 +9,24 @@ Per workload kind and batch size (a cell), the same prompts run under every conf
   (chain `auto`);
 - in this process with transformers (`peers`): target-only `generate` at batch 1 (every ratio's
   reference), assisted generation with each drafter and prompt lookup (batch 1), and batched target-only
-  `generate` at B > 1 (the reference of those cells).
+  `generate` at B > 1 (the reference of those cells);
+- in this process on SpecRouter's own engine (`bench_in_process`: the router's chain step over the
+  pool's worker engines, waves of B rows in one batch): the chain and window of TMO, SSD-tuned and
+  three-level, each beside its services twin, so that every cell prints what the services keep of the
+  engine.
 
 The design, in order per cell:
 1. warm-up: one unmeasured adaptive run of the first wave, so its metrics know the workload;
 2. screening: every two-level chain at every window once, over the first `screening_waves` waves; it
    picks SSD-smallest and SSD-tuned, is reported and is not counted;
-3. `rounds` interleaved rounds: each runs every configuration once over all of the cell's prompts, in an
+3. `rounds` interleaved rounds: each runs every configuration (the engine's rows too, at the chains and
+   windows the screening picked) once over all of the cell's prompts, in an
    order shuffled per round (a machine that slows for a while slows every configuration alike); tokens/s
    of a run is its generated tokens over its wall seconds; the median and range over rounds are kept.
 
-Every services run's greedy tokens are compared with TMO's, prompt by prompt; the peers' agreement with
-TMO is counted, not checked (a reduction of another shape may flip a near tie in fp32).
+Every services and engine run's greedy tokens are compared with TMO's, prompt by prompt (the engine runs
+the same target); the peers' agreement with TMO is counted, not checked (a reduction of another shape
+may flip a near tie in fp32).
 """
 
 from __future__ import annotations
@@ -29,15 +35,15 @@ import random
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from specrouter.client import Client
-from specrouter.report import peers as hf
+from specrouter.report.bench_in_process import InProcessRows, Run
 from specrouter.report.bench_results import (
-    ADAPTIVE, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL,
-    TMO, Breakdown, BreakdownSum, Cell, Check, Entry, Mismatch, Screened, Spread, agreeing, assisted_label,
-    evaluate_checks, find_mismatches, set_ratios, tokens_per_s)
+    ADAPTIVE, ENGINE, ENGINE_TWINS, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, SERVICES, SSD_SMALLEST,
+    SSD_TUNED, THREE_LEVEL, TMO, Breakdown, BreakdownSum, Cell, Check, Entry, Mismatch, Screened, Spread, agreeing,
+    assisted_label, engine_label, evaluate_checks, find_mismatches, set_ratios, tokens_per_s)
 from specrouter.report.inflight import in_flight
 from specrouter.report.machine import machine_line
 from specrouter.report.scheduler_results import Config as ServiceConfig   # (chain or None for adaptive, window)
@@ -48,7 +54,6 @@ SWITCHING = "switching"
 DEFAULT_KINDS = ("code", "repetitive", "prose", SWITCHING)
 SWITCHING_PAIR = ("prose", "repetitive")   # a run of prose requests, then repetitive ones
 CLIENT_TIMEOUT_S = 600.0
-WARMUP_TOKENS = 4          # the peers' warm-up generation, once per model and mode
 SEED_STRIDE_ROUND, SEED_STRIDE_CELL = 1009, 1_000_003
 
 
@@ -64,7 +69,7 @@ class BenchSettings:
     lookup_window: int = 8            # of the lookup chain (lookup -> target), where the router has the level
     screening_waves: int = 2          # waves of a cell the screening runs over
     seed: int = 1234
-    device: str = "cpu"               # where the local cluster's workers and the in-process peers run
+    device: str = "cpu"               # where the local cluster's workers and the in-process rows run
     dtype: str = "float32"
 
 
@@ -78,16 +83,6 @@ class Workload:
     @property
     def waves(self) -> int:
         return -(-len(self.prompts) // self.batch_size)
-
-
-@dataclass
-class Run:
-    """One configuration over a list of prompts: tokens, wall seconds, token ids and the services' stats."""
-
-    tokens: int
-    seconds: float
-    outputs: list[list[int]]
-    stats: list[tuple[object, int]] = field(default_factory=list)   # (GenerationStats, client wall ns)
 
 
 @dataclass(frozen=True)
@@ -157,8 +152,9 @@ class Progress:
 class Bench:
     """Runs the cells against a router and the pool's models in this process."""
 
-    def __init__(self, router: str, peers: hf.PeerModels, settings: BenchSettings, progress: Progress = Progress()):
-        self.settings, self.peers, self.progress = settings, peers, progress
+    def __init__(self, router: str, local: InProcessRows, settings: BenchSettings, progress: Progress = Progress()):
+        self.settings, self.local, self.progress = settings, local, progress
+        peers = local.peers
         self.client = Client(router, timeout_s=CLIENT_TIMEOUT_S)
         listed = self.client.models(levels=True)
         found = [m for m in listed if m.role != "lookup"]
@@ -202,6 +198,15 @@ class Bench:
         """Services configurations of a cell before the screening's picks are deduplicated."""
         return 2 + (2 if self.drafters else 0) + (self.three_level() is not None) + (self.lookup is not None)
 
+    def planned_engine_rows(self) -> int:
+        """Engine-in-process twins of a cell before the screening: TMO's, SSD-tuned's, three-level's."""
+        return 1 + bool(self.drafters) + (self.three_level() is not None)
+
+    @staticmethod
+    def engine_plan(plan: dict[str, ServiceConfig]) -> dict[str, ServiceConfig]:
+        """The engine-in-process rows, by label: the chain and window of each planned twin."""
+        return {engine_label(label): plan[label] for label in ENGINE_TWINS if label in plan}
+
     def peer_labels(self, batch: int) -> list[str]:
         if batch > 1:
             return [HF_TARGET]
@@ -210,7 +215,7 @@ class Bench:
     def planned_waves(self, w: Workload) -> int:
         """Generate waves of a cell before the screening dedupes: warm-up, screening, rounds."""
         screening = len(self.two_level()) * min(w.waves, self.settings.screening_waves)
-        services = self.planned_labels()
+        services = self.planned_labels() + self.planned_engine_rows()   # the engine's rows run in waves too
         peer = len(w.prompts) * len(self.peer_labels(1)) if w.batch_size == 1 else w.waves
         return 1 + screening + self.settings.rounds * (services * w.waves + peer)
 
@@ -228,31 +233,6 @@ class Bench:
         results, seconds = in_flight(one, len(prompts), batch)
         outputs = [r.token_ids for r, _ in results]
         return Run(sum(len(o) for o in outputs), seconds, outputs, [(r.stats, ns) for r, ns in results])
-
-    def in_process(self, label: str, ids: Sequence[list[int]], batch: int) -> Run:
-        """A transformers peer over the prompts: one at a time, or in waves of `batch` when batched."""
-        n = self.settings.max_new_tokens
-        started = time.perf_counter()
-        if label == HF_TARGET and batch > 1:
-            waves = [ids[i:i + batch] for i in range(0, len(ids), batch)]
-            outputs = [o for wave in waves for o in hf.generate_batched(self.peers, wave, n)]
-        elif label == HF_TARGET:
-            outputs = [hf.generate_target(self.peers, p, n) for p in ids]
-        elif label == HF_PROMPT_LOOKUP:
-            outputs = [hf.generate_prompt_lookup(self.peers, p, n) for p in ids]
-        else:
-            drafter = label.split(":", 1)[1]
-            outputs = [hf.generate_assisted(self.peers, drafter, p, n) for p in ids]
-        seconds = time.perf_counter() - started
-        return Run(sum(len(o) for o in outputs), seconds, outputs)
-
-    def warm_peers(self, ids: list[int]) -> None:
-        """One short generation per model and mode: the first call of each pays for allocations."""
-        hf.generate_target(self.peers, ids, WARMUP_TOKENS)
-        hf.generate_batched(self.peers, [ids, ids[1:] or ids], WARMUP_TOKENS)
-        for d in self.drafters:
-            hf.generate_assisted(self.peers, d, ids, WARMUP_TOKENS)
-        hf.generate_prompt_lookup(self.peers, ids, WARMUP_TOKENS)
 
     def screen(self, w: Workload, runs: dict[str, list[list[list[int]]]]) -> list[Screened]:
         """Every two-level chain at every window once over the first waves; outputs kept for the check."""
@@ -273,9 +253,10 @@ class Bench:
         self.progress.advance(1, f"{w.kind} B={w.batch_size} warm-up")
         screened = self.screen(w, runs)
         plan = self.plan(screened)
-        distinct = list(dict.fromkeys(plan.values()))
-        self.progress.lower_total(s.rounds * (self.planned_labels() - len(distinct)) * w.waves)
-        labels = [*distinct, *self.peer_labels(w.batch_size)]
+        distinct, engine = list(dict.fromkeys(plan.values())), self.engine_plan(plan)
+        unplanned = self.planned_labels() + self.planned_engine_rows() - len(distinct) - len(engine)
+        self.progress.lower_total(s.rounds * unplanned * w.waves)
+        labels = [*distinct, *engine, *self.peer_labels(w.batch_size)]
         measured: dict[object, list[Run]] = {key: [] for key in labels}
         for r in range(s.rounds):
             order = list(labels)
@@ -283,15 +264,19 @@ class Bench:
             for key in order:
                 if isinstance(key, ServiceConfig):
                     run, waves = self.services(key, w.prompts, w.batch_size), w.waves
+                elif key in engine:   # waves of `batch` rows in one batch each
+                    run = self.local.engine(engine[key].chain, engine[key].window, w.ids, w.batch_size)
+                    waves = w.waves
                 else:
-                    run = self.in_process(key, w.ids, w.batch_size)
+                    run = self.local.peer(key, w.ids, w.batch_size)
                     waves = len(w.prompts) if w.batch_size == 1 else w.waves
                 measured[key].append(run)
                 self.progress.advance(waves, f"{w.kind} B={w.batch_size} round {r + 1}/{s.rounds}")
-        return self._cell_result(w, plan, measured, screened, runs)
+        return self._cell_result(w, plan, engine, measured, screened, runs)
 
-    def _cell_result(self, w: Workload, plan: dict[str, ServiceConfig], measured: dict[object, list[Run]],
-                     screened: list[Screened], runs: dict[str, list[list[list[int]]]]) -> tuple[Cell, list[Mismatch]]:
+    def _cell_result(self, w: Workload, plan: dict[str, ServiceConfig], engine: dict[str, ServiceConfig],
+                     measured: dict[object, list[Run]], screened: list[Screened],
+                     runs: dict[str, list[list[list[int]]]]) -> tuple[Cell, list[Mismatch]]:
         reference = measured[plan[TMO]][0].outputs
         entries, first_label = [], {}
         for label, config in plan.items():
@@ -301,6 +286,10 @@ class Bench:
                 runs[label] = [r.outputs for r in done]
             entries.append(Entry(label, SERVICES, None if config.chain is None else list(config.chain), config.window,
                                  _spread(done), breakdown=_breakdown(done), same_as=same_as))
+        for label, config in engine.items():    # checked like the services: the same target decides
+            done = measured[label]
+            runs[label] = [r.outputs for r in done]
+            entries.append(Entry(label, ENGINE, list(config.chain), config.window, _spread(done)))
         for label in self.peer_labels(w.batch_size):
             done = measured[label]
             entries.append(Entry(label, IN_PROCESS, None, 0, _spread(done),
@@ -312,7 +301,7 @@ class Bench:
         started = time.perf_counter()
         self.progress.start(sum(self.planned_waves(w) for w in cells))
         if cells:
-            self.warm_peers(cells[0].ids[0])
+            self.local.warm(cells[0].ids[0], self.drafters)
         results, mismatches = [], []
         for i, w in enumerate(cells):
             cell, found = self.cell(w, i)
@@ -347,8 +336,8 @@ def run_bench(pool_dir: Path, settings: BenchSettings, prompts: Sequence[Prompt]
     from specrouter.launcher import LocalCluster
 
     check_kinds(prompts, settings.kinds)
-    peers = hf.PeerModels.load(pool_dir, settings.device, settings.dtype)
-    cells = workloads(prompts, settings, peers.encode)
+    local = InProcessRows.load(pool_dir, settings.device, settings.dtype, settings.max_new_tokens)
+    cells = workloads(prompts, settings, local.peers.encode)
     cluster = None
     try:
         if router is None:
@@ -357,7 +346,7 @@ def run_bench(pool_dir: Path, settings: BenchSettings, prompts: Sequence[Prompt]
                                    redis_url=redis_url, dtype=settings.dtype, device=settings.device,
                                    on_start=lambda s: say(f"{s.name} up at {s.address}"))
             router = cluster.router.address
-        bench = Bench(router, peers, settings, progress)
+        bench = Bench(router, local, settings, progress)
         try:
             return bench.run(cells)
         finally:

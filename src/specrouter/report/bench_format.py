@@ -1,9 +1,10 @@
 """The bench's report as JSON, Markdown and a PNG chart.
 
-The Markdown holds four tables: speeds (rows: kind x batch; per configuration its median tokens/s and its
-ratio to in-process target-only), every configuration's details (chain, window, range over rounds,
-agreement with TMO), the screening, and the per-cycle breakdown of the services configurations; then
-the checks. The chart draws, per cell, every configuration's ratio with its range over rounds.
+The Markdown holds five tables: speeds (rows: kind x batch; per configuration its median tokens/s and its
+ratio to in-process target-only), what the services keep of SpecRouter's engine in process on the same
+chain and window, every configuration's details (chain, window, range over rounds, agreement with TMO),
+the screening, and the per-cycle breakdown of the services configurations; then the checks. The chart
+draws, per cell, every configuration's ratio with its range over rounds.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from specrouter.report.bench import BenchReport
-from specrouter.report.bench_results import (ADAPTIVE, HF_ASSISTED, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS,
-                                             LOOKUP_CHAIN, NOT_RUN, PASS, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL,
-                                             TMO, Breakdown, Cell, Entry)
+from specrouter.report.bench_results import (ADAPTIVE, ENGINE, ENGINE_TWINS, HF_ASSISTED, HF_PROMPT_LOOKUP,
+                                             HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, NOT_RUN, PASS, SERVICES,
+                                             SERVICES_KEEP_MIN, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
+                                             Breakdown, Cell, Entry, engine_label)
 from specrouter.report.chart import name_shortener
 
 SERVICES_ORDER = (TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE)
 SCREENING_SHOWN = 5        # fastest screened configurations listed per cell
 PANEL_WIDTH_IN, PANEL_HEIGHT_IN, DPI = 6, 3.5, 100
-SERVICES_COLOUR, IN_PROCESS_COLOUR, ADAPTIVE_COLOUR = "#4a6a8a", "#d08c2c", "#2e9a5c"
+SERVICES_COLOUR, IN_PROCESS_COLOUR, ADAPTIVE_COLOUR, ENGINE_COLOUR = "#4a6a8a", "#d08c2c", "#2e9a5c", "#9a9ab8"
 
 
 def report_json(report: BenchReport) -> dict:
@@ -33,12 +35,14 @@ def report_json(report: BenchReport) -> dict:
 
 
 def column_labels(cells: Sequence[Cell]) -> list[str]:
-    """Configurations in table order: transformers peers first, then the services path."""
+    """Configurations in table order: transformers peers first, then the services path, then the engine in
+    process (the twins of target-only, SSD-tuned and three-level)."""
     present = list(dict.fromkeys(e.label for c in cells for e in c.entries))
     peers = [HF_TARGET] if HF_TARGET in present else []
     peers += sorted(label for label in present if label.startswith(HF_ASSISTED))
     peers += [HF_PROMPT_LOOKUP] if HF_PROMPT_LOOKUP in present else []
-    return peers + [label for label in SERVICES_ORDER if label in present]
+    engine = [engine_label(label) for label in ENGINE_TWINS if engine_label(label) in present]
+    return peers + [label for label in SERVICES_ORDER if label in present] + engine
 
 
 def _speed(entry: Entry | None, batch: int) -> str:
@@ -66,6 +70,19 @@ def _config(entry: Entry, batch: int) -> str:
     if entry.chain is None:
         return "auto"
     return ",".join(entry.chain) + (f" W{entry.window}" if len(entry.chain) > 1 else "")
+
+
+def kept_table(cells: Sequence[Cell]) -> list[str]:
+    """Per cell, each services configuration that has an engine twin: both medians and the share kept."""
+    lines = ["| kind | batch | configuration | chain | services tok/s | engine in process tok/s | kept |",
+             "|---|---:|---|---|---:|---:|---:|"]
+    for c in cells:
+        for e in c.entries:
+            twin = c.entry(engine_label(e.label)) if e.path == SERVICES else None
+            if twin is not None:
+                lines.append(f"| {c.kind} | {c.batch_size} | {e.label} | {_config(e, c.batch_size)} | "
+                             f"{e.tokens_per_s.median:.1f} | {twin.tokens_per_s.median:.1f} | {_opt(e.kept, 'x')} |")
+    return lines
 
 
 def details_table(cells: Sequence[Cell]) -> list[str]:
@@ -112,7 +129,7 @@ def breakdown_table(cells: Sequence[Cell]) -> list[str]:
              "|---|---:|---|" + "---:|" * len(BREAKDOWN_COLUMNS)]
     for c in cells:
         for e in c.entries:
-            if e.path == IN_PROCESS or e.same_as:
+            if e.path != SERVICES or e.same_as:
                 continue
             cells_text = " | ".join(_breakdown_cells(e.breakdown, short))
             lines.append(f"| {c.kind} | {c.batch_size} | {e.label} | {cells_text} |")
@@ -133,6 +150,12 @@ def format_markdown(report: BenchReport) -> str:
              "batch-1 target-only generate. Assisted generation runs at transformers' defaults for the "
              "assistant (its draft length and confidence threshold), as a user gets it.", "",
              *speeds_table(report.cells), "",
+             "## What the services keep of the engine in process", "",
+             "Each static chain and window through the services (the SDK, gRPC, the router's batcher and "
+             "the workers' processes) over the same chain and window on SpecRouter's engine in this process "
+             f"(the router's chain step over the pool's worker engines, `{engine_label('<label>')}`), on the same "
+             f"prompts in the same rounds; checked at batch 1 on the multi-level chains (>= {SERVICES_KEEP_MIN}x)."
+             "", "", *kept_table(report.cells), "",
              "## Configurations", "", *details_table(report.cells), "",
              "## Screening (not counted)", "", *screening_table(report.cells), "",
              "## Per-cycle breakdown of the services path", "",
@@ -177,7 +200,8 @@ def write_chart(report: BenchReport, path: Path) -> Path:
                 _cell_panel(ax, cell)
     fig.legend(handles=[Patch(color=IN_PROCESS_COLOUR, label="transformers in process"),
                         Patch(color=SERVICES_COLOUR, label="SpecRouter services"),
-                        Patch(color=ADAPTIVE_COLOUR, label="adaptive")], loc="outside lower center", ncols=3)
+                        Patch(color=ENGINE_COLOUR, label="SpecRouter engine in process"),
+                        Patch(color=ADAPTIVE_COLOUR, label="adaptive")], loc="outside lower center", ncols=4)
     fig.suptitle("SpecRouter bench: speed over in-process target-only generate (median, range over rounds)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +212,7 @@ def write_chart(report: BenchReport, path: Path) -> Path:
 def _colour(entry: Entry) -> str:
     if entry.label == ADAPTIVE:
         return ADAPTIVE_COLOUR
-    return IN_PROCESS_COLOUR if entry.path == IN_PROCESS else SERVICES_COLOUR
+    return {IN_PROCESS: IN_PROCESS_COLOUR, ENGINE: ENGINE_COLOUR}.get(entry.path, SERVICES_COLOUR)
 
 
 def _cell_panel(ax, cell: Cell) -> None:

@@ -5,7 +5,10 @@ Everything here works on plain numbers and token ids, so it is tested without a 
 - `Spread`: the median tokens/s of a configuration over the rounds and its range (min, max).
 - `BreakdownSum` / `Breakdown`: where a request's time went, summed over the requests of a configuration
   and turned into milliseconds per router cycle (`sum / cycles`), from `result.stats.breakdown`.
-- `find_mismatches`: every greedy run of every services configuration against target-only's tokens.
+- `find_mismatches`: every greedy run of every services configuration and of the engine in process
+  against target-only's tokens.
+- `set_ratios`: each configuration over the cell's reference, and what the services keep of the engine
+  in process on the same chain and window (`Entry.kept`).
 - `evaluate_checks`: the bench's PASS / FAIL / not run lines, from the same run's cells.
 """
 
@@ -25,7 +28,12 @@ ADAPTIVE = "adaptive"             # chain "auto", window 0
 HF_TARGET = "hf-generate"         # transformers target-only generate (batched at B > 1)
 HF_ASSISTED = "hf-assisted"       # transformers assisted generation; the drafter follows the colon
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"   # transformers prompt lookup (`prompt_lookup_num_tokens`), batch 1
-SERVICES, IN_PROCESS = "services", "in-process"
+# paths: through the services; transformers in process; SpecRouter's own engine in process (the router's
+# chain step over the worker engines), whose labels are `engine:` and the services twin's label
+SERVICES, IN_PROCESS, ENGINE = "services", "in-process", "engine"
+# services configurations whose chain and window also run on the engine in process, each beside its twin
+ENGINE_TWINS = (TMO, SSD_TUNED, THREE_LEVEL)
+KEEP_CHECKED = (SSD_TUNED, THREE_LEVEL)   # the multi-level ones, whose kept share is checked at batch 1
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "not run"
 NS_PER_MS = 1e6
@@ -36,12 +44,18 @@ ADAPTIVE_CODE_OVER_HF_MIN = 1.35
 ADAPTIVE_CODE_OVER_ASSISTED_MIN = 1.15
 ADAPTIVE_REPETITIVE_OVER_HF_MIN = 1.8
 ADAPTIVE_OVER_BATCHED_MIN = 1.15
+SERVICES_KEEP_MIN = 0.9           # services over the engine in process, same chain and window
 BATCHED_CHECK_SIZES = (4, 16)
 CODE, REPETITIVE = "code", "repetitive"
 
 
 def assisted_label(drafter: str) -> str:
     return f"{HF_ASSISTED}:{drafter}"
+
+
+def engine_label(services_label: str) -> str:
+    """The label of the engine-in-process twin of a services configuration."""
+    return f"{ENGINE}:{services_label}"
 
 
 @dataclass(frozen=True)
@@ -162,15 +176,16 @@ class Entry:
     """One configuration measured at one (kind, batch) cell."""
 
     label: str
-    path: str                          # SERVICES or IN_PROCESS
+    path: str                          # SERVICES, IN_PROCESS (transformers) or ENGINE
     chain: list[str] | None            # None: adaptive, or a transformers peer
     window: int
     tokens_per_s: Spread
     ratio: float | None = None         # over the cell's reference (in-process target-only at this batch)
     ratio_to_batch1: float | None = None   # over in-process target-only at batch 1 (the kind's batch-1 cell)
-    agrees_with_tmo: int | None = None     # prompts whose tokens equal TMO's (in-process peers only)
+    agrees_with_tmo: int | None = None     # prompts whose tokens equal TMO's (transformers peers only)
     breakdown: Breakdown | None = None
     same_as: str | None = None         # measured once with this other label (same chain and window)
+    kept: float | None = None          # services with an engine twin: this median over the twin's
 
 
 @dataclass(frozen=True)
@@ -195,7 +210,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class Mismatch:
-    """A services run whose greedy tokens differ from TMO's for one prompt."""
+    """A services or engine run whose greedy tokens differ from TMO's for one prompt."""
 
     kind: str
     batch_size: int
@@ -233,13 +248,16 @@ def agreeing(reference: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]
 # -- ratios and checks ----------------------------------------------------------------------------
 
 def set_ratios(cells: Sequence[Cell]) -> None:
-    """Fills every entry's ratio to its cell's reference and to the kind's batch-1 in-process target-only."""
+    """Fills every entry's ratio to its cell's reference and to the kind's batch-1 in-process target-only,
+    and each services entry's share kept of its engine twin (the same chain and window in process)."""
     batch1 = {c.kind: c.entry(HF_TARGET) for c in cells if c.batch_size == 1}
     for cell in cells:
         reference, single = cell.entry(cell.reference), batch1.get(cell.kind)
         for e in cell.entries:
             e.ratio = _ratio(e, reference)
             e.ratio_to_batch1 = _ratio(e, single)
+            if e.path == SERVICES and e.label in ENGINE_TWINS:
+                e.kept = _ratio(e, cell.entry(engine_label(e.label)))
 
 
 def _ratio(entry: Entry, reference: Entry | None) -> float | None:
@@ -288,16 +306,32 @@ def evaluate_checks(cells: Sequence[Cell], mismatches: Sequence[Mismatch], draft
         checks.append(_ratio_check(f"adaptive >= {ADAPTIVE_OVER_BATCHED_MIN}x in-process batched target-only "
                                    f"generate, code, batch {batch}", cells, CODE, batch, ADAPTIVE, HF_TARGET,
                                    ADAPTIVE_OVER_BATCHED_MIN))
+    checks += [keep_check(cells, kind) for kind in kinds]
     checks.append(equality_check(cells, mismatches))
     return checks
 
 
+def keep_check(cells: Sequence[Cell], kind: str) -> Check:
+    """What the services keep of the engine in process at the kind's batch-1 cell: the lowest share over
+    the multi-level chains run both ways (the services' lock-step chain against the same chain and window
+    in process), at least SERVICES_KEEP_MIN."""
+    name = f"services keep >= {SERVICES_KEEP_MIN}x the same chain and window in process, {kind}, batch 1"
+    found = [_ratio_check(name, cells, kind, 1, label, engine_label(label), SERVICES_KEEP_MIN)
+             for label in KEEP_CHECKED]
+    ran = [c for c in found if c.status != NOT_RUN]
+    if not ran:
+        return Check(name, NOT_RUN, None, SERVICES_KEEP_MIN,
+                     f"no {kind} cell at batch 1 with a multi-level chain through the services and in process")
+    return min(ran, key=lambda c: c.value)
+
+
 def equality_check(cells: Sequence[Cell], mismatches: Sequence[Mismatch]) -> Check:
-    name = "greedy outputs equal across every services configuration"
+    name = "greedy outputs equal across every services configuration and the engine in process"
     if not cells:
         return Check(name, NOT_RUN, None, None, "no cells were run")
     if not mismatches:
-        return Check(name, PASS, None, None, f"every services run equals TMO's tokens in {len(cells)} cells")
+        return Check(name, PASS, None, None,
+                     f"every services and engine run equals TMO's tokens in {len(cells)} cells")
     first = mismatches[0]
     return Check(name, FAIL, None, None,
                  f"{len(mismatches)} runs differ from TMO; first: {first.label} on {first.kind} batch "

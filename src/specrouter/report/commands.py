@@ -116,7 +116,7 @@ BENCH_PER_KIND = 16   # built-in prompts per kind the bench draws from (cycled w
 
 
 def bench(
-    pool: Path = typer.Option(None, help="Pool directory: the local cluster's and the in-process peers' models "
+    pool: Path = typer.Option(None, help="Pool directory: the local cluster's and the in-process rows' models "
                                          "(default: the shipped demo pool)."),
     router: str = typer.Option(None, help="Use this router (HOST:PORT) instead of starting a local cluster; "
                                           "--pool must be its pool."),
@@ -132,14 +132,14 @@ def bench(
     three_level_window: int = typer.Option(4, help="Draft window of the three-level chain."),
     lookup_window: int = typer.Option(8, help="Draft window of the lookup chain (lookup -> target)."),
     redis_url: str = typer.Option(None, help="Redis for the local cluster's profiler (default: in memory)."),
-    device: str = typer.Option("cpu", help="Device of the local cluster's workers and of the in-process peers "
+    device: str = typer.Option("cpu", help="Device of the local cluster's workers and of the in-process rows "
                                            "(cpu, cuda, cuda:1, ...); with --router, that router's workers' device."),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16, on both sides."),
     out: Path = typer.Option(Path(".cache/bench"), help="Directory for bench.json, bench.md and bench.png."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Measure SpecRouter through its services against transformers in this process (greedy)."""
+    """Measure SpecRouter through its services against transformers and its own engine in this process (greedy)."""
     import json
 
     from specrouter.client import SpecRouterError
