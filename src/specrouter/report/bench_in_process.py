@@ -30,7 +30,7 @@ from specrouter.pool.load import PoolDir
 from specrouter.report import peers as hf
 from specrouter.report.bench_results import HF_PROMPT_LOOKUP, HF_TARGET
 from specrouter.v1 import worker_pb2 as pb
-from specrouter.worker.calls import SamplingParams
+from specrouter.contract.calls import SamplingParams
 from specrouter.worker.server import warm_up
 from specrouter.worker.settings import WorkerSettings
 
