@@ -1,10 +1,10 @@
-"""The router's gRPC server: tokenize, validate, hand the request to the batcher, stream it back."""
+"""The router's gRPC server: read the request (`requests.RequestParser`), admit it, hand it to the batcher,
+stream its tokens back."""
 
 from __future__ import annotations
 
 import logging
 import queue
-import random
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -30,15 +30,13 @@ from specrouter.router.replicas import PoolMismatch, ReplicaSet, WorkerAddress
 from specrouter.pool.similarity import load_similarity
 from specrouter.profiler.metrics import Mode
 from specrouter.router.scheduling.scheduler import Scheduler
-from specrouter.router.requests import GenerationRequest, InvalidRequest, Limits, parse_chain, validate
+from specrouter.router.requests import InvalidRequest, RequestParser, parse_chain
 from specrouter.router.settings import RouterSettings
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
-from specrouter.worker.calls import SamplingParams
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
-SEED_BITS = 62
 MAX_SCHEDULE_ROWS = 4096
 GRPC_MESSAGE_BYTES = 4 << 20     # gRPC's default bound on a received message
 REQUEST_OVERHEAD_BYTES = 64 << 10   # a request's fields other than the prompt (stop strings, chain, ...)
@@ -92,7 +90,6 @@ class Router:
         if self.target not in workers:
             raise PoolMismatch(f"target {self.target!r} is not served by any worker ({self.by_size})")
         self.context_length = min(w.info.context_length for w in workers.values())
-        self.limits = Limits(settings.max_prompt_bytes, settings.max_prompt_tokens, settings.max_new_tokens)
         self.admission = Admission(settings.max_in_flight, settings.max_queued)
         self.prometheus = RouterMetrics(self.admission)   # served at /metrics by the router's main
         replicas.on_join(self._observe)
@@ -102,6 +99,8 @@ class Router:
         default = parse_chain(settings.default_chain, self.chain_names, self.target,
                               self.levels) if settings.default_chain else None
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
+        self.parser = RequestParser(settings, self.tokenizer, self.context_length, self.chain_names, self.target,
+                                    self.levels)
         self.reporter = Reporter(settings.profiler or None, tls=upstream)
         self.metrics = SnapshotCache(settings.profiler or None, settings.snapshot_refresh_s, tls=upstream)
         warmup = {n: [(f.batch_size, f.tokens_per_row, f.forward_ns) for f in w.info.warmup_forwards]
@@ -147,19 +146,6 @@ class Router:
         decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None
         self.prometheus.observe_cycle(report, rows, cycle_ns, decision.prediction if decision is not None else None)
         self.scheduler.observe(report, rows, cycle_ns, auto, decision)
-
-    def request_from_pb(self, m: pb.GenerateRequest) -> GenerationRequest:
-        seed = m.seed if m.HasField("seed") else random.getrandbits(SEED_BITS)
-        sampling = SamplingParams(temperature=m.temperature, top_k=m.top_k,
-                                  top_p=m.top_p if m.HasField("top_p") else 1.0,
-                                  repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty") else 1.0,
-                                  seed=seed, coupled=m.HasField("seed") or self.settings.couple_unseeded)
-        self.limits.check_prompt_bytes(len(m.prompt.encode("utf-8")))
-        prompt_ids = self.tokenizer(m.prompt, add_special_tokens=False)["input_ids"] if m.prompt else []
-        max_new = m.max_new_tokens if m.HasField("max_new_tokens") else self.settings.default_max_new_tokens
-        validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length, self.limits)
-        chain = parse_chain(m.chain, self.chain_names, self.target, self.levels)
-        return GenerationRequest(prompt_ids, sampling, max_new, tuple(m.stop), chain, m.window)
 
 
 def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.ScheduleResponse:
@@ -220,7 +206,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"request could not be decoded ({request.error}); send the prompt as valid UTF-8")
         try:
-            generation = self.router.request_from_pb(request)
+            generation = self.router.parser.parse(request)
             place = self.router.admission.enter(context.is_active)
         except (InvalidRequest, Overloaded) as exc:
             context.abort(*status_for(exc))
