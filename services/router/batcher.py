@@ -4,8 +4,10 @@ One loop thread owns every `ChainBatch` (`running.py`). Requests that ask for th
 or leave the choice to the router, share a batch; each row keeps its own sampling parameters and seed. Between
 cycles the loop admits new requests (a prefill joins them to their batch, `joining.py`; those that came in
 during that prefill are admitted too, so a burst starts as one batch), drops cancelled ones (their worker
-rows are released), runs one cycle per batch, hands emitted tokens to each request's handle and lets finished
-rows go (the rows that stay do not wait for their release).
+rows are released), runs one cycle per batch on the chain and window the requests named or, where they left
+either to the router, its `ChainChooser` chose, hands emitted tokens to each request's handle, tells the
+`CycleObserver`s (the profiler, metrics, the scheduler) and lets finished rows go (the rows that stay do not
+wait for their release).
 
 Each batch runs on one replica of each model (`placement`), the least loaded when it starts. A worker whose
 state of the batch is out of line with the rows (a release it missed, a restart, its TTL) has it rebuilt from
@@ -23,11 +25,13 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from opentelemetry import trace
 
 from specrouter.router.chain import FAN_OUT, TARGET_ONLY_BLOCK, ChainBatch, CycleReport, Row
+from specrouter.router.chain_choice import ChainChooser, DefaultChain
+from specrouter.router.cycle_observers import CycleObserver, CycleObservers
 from specrouter.router.failures import RowsFailed, StateOutOfLine, WorkerCallFailed, out_of_memory, state_out_of_line
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle, request_span
 from specrouter.router.health import ModelUnavailable, WorkerHealth
@@ -44,33 +48,29 @@ from specrouter.router.workers import Worker
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05
 
-ChooseChain = Callable[[ChainBatch, tuple[str, ...] | None, int], tuple[tuple[str, ...], int]]
-# after each cycle: (batch, report, rows, wall time of the whole cycle in ns, whether the router chose it)
-CycleDone = Callable[[ChainBatch, CycleReport, list[Row], int, bool], None]
-
 
 class Batcher:
+    """The loop over the running batches. `chooser` picks the chain and window of the cycles the requests left
+    to the router (without one: the target alone); `observers` hear about each cycle that emitted; `levels`
+    are drafting levels in this process that every batch has (the lookup)."""
+
     def __init__(self, workers: Mapping[str, Worker] | ReplicaSet, target: str, context_length: int,
-                 eos_token_id: int | None, choose_auto: ChooseChain,
-                 decode: Decode | None = None,
-                 on_cycle: Callable[[CycleReport, list[Row]], None] | None = None,
-                 on_cycle_done: CycleDone | None = None, prompt_positions: int = 0,
-                 health: WorkerHealth | None = None, on_emitted: Callable[[int], None] | None = None,
-                 target_wait_s: float = 0.0, levels: Mapping[str, Worker] | None = None):
+                 eos_token_id: int | None, *, chooser: ChainChooser | None = None,
+                 observers: Sequence[CycleObserver] = (), decode: Decode | None = None, prompt_positions: int = 0,
+                 health: WorkerHealth | None = None, target_wait_s: float = 0.0,
+                 levels: Mapping[str, Worker] | None = None):
         # one worker per model, or every replica of each (a router's)
         self.replicas = workers if isinstance(workers, ReplicaSet) else ReplicaSet.fixed(workers)
         self.health = health or WorkerHealth(self.replicas, target)
         self.placement = Placement(self.replicas, self.health, target)
-        self.levels = dict(levels or {})   # levels in this process that every batch has (the lookup)
+        self.levels = dict(levels or {})
         self.prompt_positions = prompt_positions   # prompt positions the models' guesses are compared on
         self.target = target
         self.context_length = context_length
         self.stop_tokens = frozenset() if eos_token_id is None else frozenset({eos_token_id})
-        self.choose_auto = choose_auto
+        self.chooser = chooser or DefaultChain((target,))
+        self.observers = CycleObservers(observers)
         self.decode = decode   # the tokenizer's, to find stop strings in the text
-        self.on_cycle = on_cycle
-        self.on_cycle_done = on_cycle_done
-        self.on_emitted = on_emitted   # after each cycle: the tokens it handed to requests (stops applied)
         self._inbox: queue.Queue[RequestHandle] = queue.Queue()
         self.batches = RunningBatches()
         self.recovery = Recovery(self.batches, self.placement, self.health, target, target_wait_s)
@@ -174,9 +174,9 @@ class Batcher:
             self.batches.fail_batch(batch, chain, error)
             return
         auto = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
-        if auto:   # the scheduler's choice, within the chain or the window the requests named
+        if auto:   # the chooser's, within the chain or the window the requests named
             try:
-                chain, window = self.choose_auto(batch, chain, window)
+                chain, window = self.chooser.choose(batch, chain, window)
             except Exception:  # noqa: BLE001 - every chain emits the target's tokens: a scheduler bug costs speed
                 log.exception("the scheduler failed to choose a chain; this cycle runs %s",
                               "the target alone" if chain is None else ",".join(chain))
@@ -192,7 +192,7 @@ class Batcher:
                 report = batch.step(chain, window)
                 for model, accepted in report.accepted.items():
                     span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
-                self._observe("measurements", self.on_cycle, report, rows)   # queued inside the cycle's span
+                self._observe("measurements", self.observers.cycle_measured, report, rows)   # in the span
         except StateOutOfLine:   # that worker's state is rebuilt before its next call; the cycle runs again
             return
         except RowsFailed as exc:
@@ -226,11 +226,11 @@ class Batcher:
             emitted = report.emitted[row.row_id]
             handle.events.put(Emitted(emitted))
             handed += len(emitted)
-        self._observe("token count", self.on_emitted, handed)
+        self._observe("token count", self.observers.tokens_handed, handed)
         cycle_ns = time.perf_counter_ns() - started
         for row in rows:
             self.batches.handles[row.row_id].breakdown.observe_cycle(report, cycle_ns, choose_ns)
-        self._observe("cycle's observers", self.on_cycle_done, batch, report, rows, cycle_ns, auto)
+        self._observe("cycle's observers", self.observers.cycle_done, batch, report, rows, cycle_ns, auto)
         finished = [r.row_id for r in rows if r.finish_reason is not None]
         if finished:
             with request_span("release", [self.batches.handles[r] for r in finished], {"specrouter.rows": len(finished)}):
@@ -240,12 +240,10 @@ class Batcher:
                 handle.events.put(Finished(row.finish_reason, row.generated, handle.stats(row)))
 
     @staticmethod
-    def _observe(what: str, observer: Callable | None, *args) -> None:
-        """Calls an observer of a cycle that has emitted: its failure (a bug in measuring) is logged, and the
-        cycle's rows go on; their tokens are handed out already."""
-        if observer is None:
-            return
+    def _observe(what: str, observe: Callable[..., None], *args) -> None:
+        """Tells the observers of a cycle that has emitted: their failure (a bug in measuring) is logged, and
+        the cycle's rows go on; their tokens are handed out already."""
         try:
-            observer(*args)
+            observe(*args)
         except Exception:  # noqa: BLE001 - measuring must never end a request
             log.exception("the %s failed on a cycle; the batch goes on", what)

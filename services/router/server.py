@@ -1,5 +1,6 @@
 """The router's gRPC server: read the request (`requests.RequestParser`), admit it, hand it to the batcher,
-stream its tokens back."""
+stream its tokens back. `Router` wires the pool's parts together: the batcher with its chain chooser
+(`chain_choice.py`) and its cycles' observers (`cycle_observers.py`)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from specrouter.router.auth import BearerTokenInterceptor
 from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher
+from specrouter.router.chain_choice import DefaultChain, RouterChooser
+from specrouter.router.cycle_observers import PrometheusCycles, ProfilerReports, SchedulerFeedback
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle
-from specrouter.router.chain import ChainBatch, CycleReport, Row
 from specrouter.router.failures import OutOfMemory, RowFailed, WorkerCallFailed, worker_gone
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.lookup import LOOKUP, LookupProposer
@@ -108,11 +110,15 @@ class Router:
         offline = load_similarity(settings.pool_dir) if settings.pool_dir else []
         self.scheduler = Scheduler(self.by_size, self.target, settings.scheduler, lambda: self.metrics.get()[0],
                                    warmup, offline, levels=list(self.levels))
+        # the scheduling policy: the scheduler's choice, or the default chain and window
+        self.chooser: RouterChooser = (self.scheduler if settings.adaptive
+                                       else DefaultChain(self.default_chain, settings.default_window))
+        observers = [ProfilerReports(self.reporter), PrometheusCycles(self.prometheus, self.chooser),
+                     SchedulerFeedback(self.scheduler, self.chooser)]
         self.batcher = Batcher(replicas, self.target, self.context_length, self.tokenizer.eos_token_id,
-                               self.choose_auto, self.tokenizer.decode, self.report_cycle, self.cycle_done,
+                               chooser=self.chooser, observers=observers, decode=self.tokenizer.decode,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
-                               on_emitted=self.prometheus.tokens.inc, target_wait_s=settings.target_wait_s,
-                               levels=self.levels)
+                               target_wait_s=settings.target_wait_s, levels=self.levels)
 
     def start(self) -> None:
         self.replicas.start()
@@ -130,22 +136,6 @@ class Router:
 
     def _observe(self, worker: RemoteWorker) -> None:
         worker.observe_call = self.prometheus.observe_worker_call
-
-    def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
-                    window: int = 0) -> tuple[tuple[str, ...], int]:
-        if not self.settings.adaptive:   # the default chain, or the target alone while one of its models is out
-            default = self.default_chain if set(self.default_chain) <= set(batch.workers) else (self.target,)
-            return chain or default, window or self.settings.default_window
-        return self.scheduler.choose(batch, chain, window)
-
-    def report_cycle(self, report: CycleReport, rows: list[Row]) -> None:
-        """A cycle's measurements to the profiler."""
-        self.reporter.observe(report, rows)
-
-    def cycle_done(self, batch: ChainBatch, report: CycleReport, rows: list[Row], cycle_ns: int, auto: bool) -> None:
-        decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None
-        self.prometheus.observe_cycle(report, rows, cycle_ns, decision.prediction if decision is not None else None)
-        self.scheduler.observe(report, rows, cycle_ns, auto, decision)
 
 
 def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.ScheduleResponse:
