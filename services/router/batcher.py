@@ -4,10 +4,13 @@ One loop thread owns every `ChainBatch` (`running.py`). Requests that ask for th
 or leave the choice to the router, share a batch; each row keeps its own sampling parameters and seed. Between
 cycles the loop admits new requests (a prefill joins them to their batch, `joining.py`; those that came in
 during that prefill are admitted too, so a burst starts as one batch), drops cancelled ones (their worker
-rows are released), runs one cycle per batch on the chain and window the requests named or, where they left
-either to the router, its `ChainChooser` chose, hands emitted tokens to each request's handle, tells the
-`CycleObserver`s (the profiler, metrics, the scheduler) and lets finished rows go (the rows that stay do not
-wait for their release).
+rows are released) and runs one cycle per batch, in steps (`_cycle`):
+
+1. choose: the chain and window, the requests' or, where they left either to the router, its `ChainChooser`'s;
+2. run: `ChainBatch.step` on the batch's workers;
+3. emit: the tokens to each request's handle;
+4. report: the cycle to the `CycleObserver`s (the profiler, metrics, the scheduler);
+5. finish: rows that are done leave the batch (the rows that stay do not wait for their release).
 
 Each batch runs on one replica of each model (`placement`), the least loaded when it starts. A worker whose
 state of the batch is out of line with the rows (a release it missed, a restart, its TTL) has it rebuilt from
@@ -26,6 +29,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 from opentelemetry import trace
 
@@ -47,6 +51,15 @@ from specrouter.router.workers import Worker
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05
+
+
+class Choice(NamedTuple):
+    """A cycle's chain and window, and whether the router chose them (the requests named neither, or a chain
+    of several models and no window)."""
+
+    chain: tuple[str, ...]
+    window: int
+    chosen: bool
 
 
 class Batcher:
@@ -166,15 +179,35 @@ class Batcher:
         return Row(handle.row_id, r.prompt_ids, len(r.prompt_ids), r.sampling, r.max_new_tokens, self.stop_tokens,
                    stops)
 
+    # -- one cycle, step by step ----------------------------------------------------------------------
+
     def _cycle(self, key: BatchKey, batch: ChainBatch) -> None:
+        """One cycle of `batch`: choose, run, emit, report, finish. A step that ends the cycle early (a failure
+        it has handled) returns None, and the steps after it do not run."""
         started = time.perf_counter_ns()
+        choice = self._choose(key, batch)
+        if choice is None:
+            return
+        choose_ns = time.perf_counter_ns() - started
+        rows = [r for r in batch.rows.values() if r.finish_reason is None]
+        report = self._run(key, batch, choice, rows)
+        if report is None:
+            return
+        handed = self._emit(choice, rows, report)
+        self._report(batch, choice, rows, report, handed, started, choose_ns)
+        self._finish(batch, rows)
+
+    def _choose(self, key: BatchKey, batch: ChainBatch) -> Choice | None:
+        """The chain and window of the cycle: the requests', or the chooser's where they left either to the
+        router. None if the requests named a chain through a model the batch no longer has (a model that
+        failed, with no other replica of it to take over): they fail UNAVAILABLE."""
         chain, window = key
         error = self.recovery.missing(chain, batch)
-        if error is not None:   # a model its requests named failed, and no other replica of it took over
+        if error is not None:
             self.batches.fail_batch(batch, chain, error)
-            return
-        auto = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
-        if auto:   # the chooser's, within the chain or the window the requests named
+            return None
+        chosen = chain is None or (not window and len(chain) > 1)   # the target alone needs no window
+        if chosen:   # the chooser's, within the chain or the window the requests named
             try:
                 chain, window = self.chooser.choose(batch, chain, window)
             except Exception:  # noqa: BLE001 - every chain emits the target's tokens: a scheduler bug costs speed
@@ -183,8 +216,14 @@ class Batcher:
                 chain, window = (chain, window or TARGET_ONLY_BLOCK) if chain is not None else ((self.target,), 0)
             if len(chain) == 1:   # the target drafts its own block: one round trip for several tokens
                 window = 0
-        choose_ns = time.perf_counter_ns() - started
-        rows = [r for r in batch.rows.values() if r.finish_reason is None]
+        return Choice(chain, window, chosen)
+
+    def _run(self, key: BatchKey, batch: ChainBatch, choice: Choice, rows: list[Row]) -> CycleReport | None:
+        """The cycle itself (`ChainBatch.step`) in a span under the requests' traces, the observers given its
+        measurements inside that span. None if it emitted nothing; then a worker whose state was out of line
+        has it rebuilt and the cycle runs again, rows a worker refused end alone, and a call that failed as a
+        whole shrinks the batch (out of memory), moves it (`Recovery.recover`), or fails its rows."""
+        chain, window = choice.chain, choice.window
         attributes = {"specrouter.chain": ",".join(chain), "specrouter.window": window,
                       "specrouter.batch_size": len(rows)}
         try:
@@ -192,31 +231,36 @@ class Batcher:
                 report = batch.step(chain, window)
                 for model, accepted in report.accepted.items():
                     span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
-                self._observe("measurements", self.observers.cycle_measured, report, rows)   # in the span
+                self._observe("measurements", self.observers.cycle_measured, report, rows)
         except StateOutOfLine:   # that worker's state is rebuilt before its next call; the cycle runs again
-            return
+            return None
         except RowsFailed as exc:
             if exc.model != self.target and state_out_of_line(exc.cause):   # rebuilt, and out of line still
                 log.warning("the state of %s stays out of line with the batch's rows (%s); the batch goes on without "
                             "it", exc.model, exc.cause)
                 batch.drop_model(exc.model)   # a drafter's lost state costs speed, never a request
-                return
+                return None
             gone = batch.remove(list(exc.row_ids))   # those rows end; the others run the cycle again
             self.batches.fail_rows(exc, [self.batches.handles.pop(r.row_id) for r in gone])
-            return
+            return None
         except WorkerCallFailed as exc:
             if out_of_memory(exc.cause):
                 self.recovery.shrink(key, batch, chain, window, exc)
-                return
+                return None
             # nothing was emitted, and every other model's state of the rows is whole: the batch goes on
             # without a drafter or intermediate verifier that failed, or on another replica of the model
             if not self.recovery.recover(key, batch, exc):
                 self.batches.fail_batch(batch, chain, exc)
-            return
+            return None
         except Exception as exc:  # noqa: BLE001 - a worker failure fails this batch's requests
             self.batches.fail_batch(batch, chain, exc)
-            return
-        name = ",".join(chain)
+            return None
+        return report
+
+    def _emit(self, choice: Choice, rows: list[Row], report: CycleReport) -> int:
+        """Hands each row's emitted tokens to its request, and notes the cycle's chain and acceptance in the
+        request's stats; the number of tokens handed out."""
+        name = ",".join(choice.chain)
         handed = 0
         for index, row in enumerate(rows):
             handle = self.batches.handles[row.row_id]
@@ -226,14 +270,25 @@ class Batcher:
             emitted = report.emitted[row.row_id]
             handle.events.put(Emitted(emitted))
             handed += len(emitted)
+        return handed
+
+    def _report(self, batch: ChainBatch, choice: Choice, rows: list[Row], report: CycleReport, handed: int,
+                started: int, choose_ns: int) -> None:
+        """The cycle to its observers (the tokens handed out, then the cycle with its wall time from `started`)
+        and to each request's breakdown of where its time went."""
         self._observe("token count", self.observers.tokens_handed, handed)
         cycle_ns = time.perf_counter_ns() - started
         for row in rows:
             self.batches.handles[row.row_id].breakdown.observe_cycle(report, cycle_ns, choose_ns)
-        self._observe("cycle's observers", self.observers.cycle_done, batch, report, rows, cycle_ns, auto)
+        self._observe("cycle's observers", self.observers.cycle_done, batch, report, rows, cycle_ns, choice.chosen)
+
+    def _finish(self, batch: ChainBatch, rows: list[Row]) -> None:
+        """Rows that finished in the cycle leave the batch, without waiting for the workers' release, and their
+        requests end with their tokens and stats."""
         finished = [r.row_id for r in rows if r.finish_reason is not None]
         if finished:
-            with request_span("release", [self.batches.handles[r] for r in finished], {"specrouter.rows": len(finished)}):
+            with request_span("release", [self.batches.handles[r] for r in finished],
+                              {"specrouter.rows": len(finished)}):
                 gone = batch.remove(finished, wait=False)
             for row in gone:
                 handle = self.batches.handles.pop(row.row_id)
