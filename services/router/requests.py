@@ -1,17 +1,26 @@
-"""A generation request as the router runs it, and its validation (messages say what to fix)."""
+"""A generation request as the router runs it: read off the wire (`RequestParser`) and validated (messages say
+what to fix)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from specrouter.router.settings import setting_hint
+from specrouter.router.settings import RouterSettings, setting_hint
 from specrouter.contract.calls import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from specrouter.v1 import router_pb2 as pb
 
 AUTO = "auto"
 TARGET_ONLY = "target"
 MAX_WINDOW = 16
 MAX_STOP_STRINGS = 16
+SEED_BITS = 62   # of the seed drawn for a request that gives none
 
 
 class InvalidRequest(ValueError):
@@ -101,3 +110,34 @@ def validate(prompt_ids: Sequence[int], sampling: SamplingParams, max_new_tokens
         sampling.validate()
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+class RequestParser:
+    """Reads a GenerateRequest as the GenerationRequest the batcher runs: its sampling parameters (a seed drawn
+    where the client gave none, coupled as a given seed is with `couple_unseeded`), its prompt tokenized within
+    the router's limits, the default number of new tokens where it asks for none, and its chain parsed against
+    the pool's levels (`chain_names`, those in `drafts_only` only at a chain's start); InvalidRequest says what
+    to change."""
+
+    def __init__(self, settings: RouterSettings, tokenizer: PreTrainedTokenizerBase, context_length: int,
+                 chain_names: Sequence[str], target: str, drafts_only: Collection[str] = ()):
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.chain_names = chain_names
+        self.target = target
+        self.drafts_only = drafts_only
+        self.limits = Limits(settings.max_prompt_bytes, settings.max_prompt_tokens, settings.max_new_tokens)
+
+    def parse(self, m: pb.GenerateRequest) -> GenerationRequest:
+        seed = m.seed if m.HasField("seed") else random.getrandbits(SEED_BITS)
+        sampling = SamplingParams(temperature=m.temperature, top_k=m.top_k,
+                                  top_p=m.top_p if m.HasField("top_p") else 1.0,
+                                  repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty") else 1.0,
+                                  seed=seed, coupled=m.HasField("seed") or self.settings.couple_unseeded)
+        self.limits.check_prompt_bytes(len(m.prompt.encode("utf-8")))
+        prompt_ids = self.tokenizer(m.prompt, add_special_tokens=False)["input_ids"] if m.prompt else []
+        max_new = m.max_new_tokens if m.HasField("max_new_tokens") else self.settings.default_max_new_tokens
+        validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length, self.limits)
+        chain = parse_chain(m.chain, self.chain_names, self.target, self.drafts_only)
+        return GenerationRequest(prompt_ids, sampling, max_new, tuple(m.stop), chain, m.window)

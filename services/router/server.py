@@ -1,10 +1,11 @@
-"""The router's gRPC server: tokenize, validate, hand the request to the batcher, stream it back."""
+"""The router's gRPC server: read the request (`requests.RequestParser`), admit it, hand it to the batcher,
+stream its tokens back. `Router` wires the pool's parts together: the batcher with its chain chooser
+(`chain_choice.py`) and its cycles' observers (`cycle_observers.py`)."""
 
 from __future__ import annotations
 
 import logging
 import queue
-import random
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -18,10 +19,9 @@ from specrouter.router.auth import BearerTokenInterceptor
 from specrouter.router.admission import Admission, Overloaded, Place
 from specrouter.pool.load import load_tokenizer, tokenizer_fingerprint
 from specrouter.router.batcher import Batcher
+from specrouter.router.chain_choice import DefaultChain, RouterChooser
+from specrouter.router.cycle_observers import PrometheusCycles, ProfilerReports, SchedulerFeedback
 from specrouter.router.handles import CancelledError, Emitted, Failed, Finished, RequestHandle
-from specrouter.router.chain import ChainBatch
-from specrouter.router.cycle_report import CycleReport
-from specrouter.router.row import Row
 from specrouter.router.failures import OutOfMemory, RowFailed, WorkerCallFailed, worker_gone
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.lookup import LOOKUP, LookupProposer
@@ -32,15 +32,13 @@ from specrouter.router.replicas import PoolMismatch, ReplicaSet, WorkerAddress
 from specrouter.pool.similarity import load_similarity
 from specrouter.contract.measures import Mode
 from specrouter.router.scheduling.scheduler import Scheduler
-from specrouter.router.requests import GenerationRequest, InvalidRequest, Limits, parse_chain, validate
+from specrouter.router.requests import InvalidRequest, RequestParser, parse_chain
 from specrouter.router.settings import RouterSettings
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
-from specrouter.contract.calls import SamplingParams
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RouterService"].full_name
-SEED_BITS = 62
 MAX_SCHEDULE_ROWS = 4096
 GRPC_MESSAGE_BYTES = 4 << 20     # gRPC's default bound on a received message
 REQUEST_OVERHEAD_BYTES = 64 << 10   # a request's fields other than the prompt (stop strings, chain, ...)
@@ -94,7 +92,6 @@ class Router:
         if self.target not in workers:
             raise PoolMismatch(f"target {self.target!r} is not served by any worker ({self.by_size})")
         self.context_length = min(w.info.context_length for w in workers.values())
-        self.limits = Limits(settings.max_prompt_bytes, settings.max_prompt_tokens, settings.max_new_tokens)
         self.admission = Admission(settings.max_in_flight, settings.max_queued)
         self.prometheus = RouterMetrics(self.admission)   # served at /metrics by the router's main
         replicas.on_join(self._observe)
@@ -104,6 +101,8 @@ class Router:
         default = parse_chain(settings.default_chain, self.chain_names, self.target,
                               self.levels) if settings.default_chain else None
         self.default_chain = default or ((self.by_size[0], self.target) if len(workers) > 1 else (self.target,))
+        self.parser = RequestParser(settings, self.tokenizer, self.context_length, self.chain_names, self.target,
+                                    self.levels)
         self.reporter = Reporter(settings.profiler or None, tls=upstream)
         self.metrics = SnapshotCache(settings.profiler or None, settings.snapshot_refresh_s, tls=upstream)
         warmup = {n: [(f.batch_size, f.tokens_per_row, f.forward_ns) for f in w.info.warmup_forwards]
@@ -111,11 +110,15 @@ class Router:
         offline = load_similarity(settings.pool_dir) if settings.pool_dir else []
         self.scheduler = Scheduler(self.by_size, self.target, settings.scheduler, lambda: self.metrics.get()[0],
                                    warmup, offline, levels=list(self.levels))
+        # the scheduling policy: the scheduler's choice, or the default chain and window
+        self.chooser: RouterChooser = (self.scheduler if settings.adaptive
+                                       else DefaultChain(self.default_chain, settings.default_window))
+        observers = [ProfilerReports(self.reporter), PrometheusCycles(self.prometheus, self.chooser),
+                     SchedulerFeedback(self.scheduler, self.chooser)]
         self.batcher = Batcher(replicas, self.target, self.context_length, self.tokenizer.eos_token_id,
-                               self.choose_auto, self.tokenizer.decode, self.report_cycle, self.cycle_done,
+                               chooser=self.chooser, observers=observers, decode=self.tokenizer.decode,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
-                               on_emitted=self.prometheus.tokens.inc, target_wait_s=settings.target_wait_s,
-                               levels=self.levels)
+                               target_wait_s=settings.target_wait_s, levels=self.levels)
 
     def start(self) -> None:
         self.replicas.start()
@@ -133,35 +136,6 @@ class Router:
 
     def _observe(self, worker: RemoteWorker) -> None:
         worker.observe_call = self.prometheus.observe_worker_call
-
-    def choose_auto(self, batch: ChainBatch, chain: tuple[str, ...] | None = None,
-                    window: int = 0) -> tuple[tuple[str, ...], int]:
-        if not self.settings.adaptive:   # the default chain, or the target alone while one of its models is out
-            default = self.default_chain if set(self.default_chain) <= set(batch.workers) else (self.target,)
-            return chain or default, window or self.settings.default_window
-        return self.scheduler.choose(batch, chain, window)
-
-    def report_cycle(self, report: CycleReport, rows: list[Row]) -> None:
-        """A cycle's measurements to the profiler."""
-        self.reporter.observe(report, rows)
-
-    def cycle_done(self, batch: ChainBatch, report: CycleReport, rows: list[Row], cycle_ns: int, auto: bool) -> None:
-        decision = self.scheduler.decision_for(batch) if auto and self.settings.adaptive else None
-        self.prometheus.observe_cycle(report, rows, cycle_ns, decision.prediction if decision is not None else None)
-        self.scheduler.observe(report, rows, cycle_ns, auto, decision)
-
-    def request_from_pb(self, m: pb.GenerateRequest) -> GenerationRequest:
-        seed = m.seed if m.HasField("seed") else random.getrandbits(SEED_BITS)
-        sampling = SamplingParams(temperature=m.temperature, top_k=m.top_k,
-                                  top_p=m.top_p if m.HasField("top_p") else 1.0,
-                                  repetition_penalty=m.repetition_penalty if m.HasField("repetition_penalty") else 1.0,
-                                  seed=seed, coupled=m.HasField("seed") or self.settings.couple_unseeded)
-        self.limits.check_prompt_bytes(len(m.prompt.encode("utf-8")))
-        prompt_ids = self.tokenizer(m.prompt, add_special_tokens=False)["input_ids"] if m.prompt else []
-        max_new = m.max_new_tokens if m.HasField("max_new_tokens") else self.settings.default_max_new_tokens
-        validate(prompt_ids, sampling, max_new, m.window, list(m.stop), self.context_length, self.limits)
-        chain = parse_chain(m.chain, self.chain_names, self.target, self.levels)
-        return GenerationRequest(prompt_ids, sampling, max_new, tuple(m.stop), chain, m.window)
 
 
 def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.ScheduleResponse:
@@ -222,7 +196,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"request could not be decoded ({request.error}); send the prompt as valid UTF-8")
         try:
-            generation = self.router.request_from_pb(request)
+            generation = self.router.parser.parse(request)
             place = self.router.admission.enter(context.is_active)
         except (InvalidRequest, Overloaded) as exc:
             context.abort(*status_for(exc))

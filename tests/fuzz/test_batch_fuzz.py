@@ -21,6 +21,7 @@ import time
 from hypothesis import strategies as st
 
 from specrouter.router.batcher import Batcher
+from specrouter.router.cycle_observers import CycleObserver
 from specrouter.router.handles import CancelledError, Failed, Finished
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.requests import GenerationRequest
@@ -102,9 +103,9 @@ class Faults:
 
 
 @contextlib.contextmanager
-def batcher(pool, on_cycle=None):
-    b = Batcher(pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window), decode=decode,
-                on_cycle_done=on_cycle, target_wait_s=WAIT_S)
+def batcher(pool, observer: CycleObserver | None = None):
+    b = Batcher(pool, "t", CONTEXT, None, observers=[observer] if observer else [], decode=decode,
+                target_wait_s=WAIT_S)
     b.health.probe_s = 0.05
     b.start()
     try:
@@ -147,18 +148,21 @@ def check_batch(tiny_pool, requests, faults) -> None:
             handles[i] = (b.submit(as_request(requests[i])), cycles[0])
 
     try:
-        def on_cycle(batch, report, rows, cycle_ns, auto) -> None:   # on the loop's thread, between cycles
-            with lock:
-                cycles[0] += 1
-                arrive(b, cycles[0])
-                for i, (h, since) in handles.items():
-                    if requests[i]["cancels"] is not None and cycles[0] - since >= requests[i]["cancels"]:
-                        h.cancel()
-                while schedule and schedule[0][0] <= cycles[0]:
-                    _, kind, model = schedule.pop(0)
-                    injected.strike(kind, model)
+        class Between(CycleObserver):
+            """After each cycle, on the loop's thread: the requests due arrive, clients cancel, faults strike."""
 
-        with batcher(tiny_pool, on_cycle) as b:
+            def cycle_done(self, batch, report, rows, cycle_ns, chosen) -> None:
+                with lock:
+                    cycles[0] += 1
+                    arrive(b, cycles[0])
+                    for i, (h, since) in handles.items():
+                        if requests[i]["cancels"] is not None and cycles[0] - since >= requests[i]["cancels"]:
+                            h.cancel()
+                    while schedule and schedule[0][0] <= cycles[0]:
+                        _, kind, model = schedule.pop(0)
+                        injected.strike(kind, model)
+
+        with batcher(tiny_pool, Between()) as b:
             with lock:
                 arrive(b, 0)
             outcomes = {}

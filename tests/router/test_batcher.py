@@ -7,9 +7,11 @@ import threading
 import pytest
 
 from specrouter.router.batcher import Batcher
+from specrouter.router.cycle_observers import CycleObserver
 from specrouter.router.handles import CancelledError, Failed, Finished
 from specrouter.router.requests import GenerationRequest
 from specrouter.contract.calls import SamplingParams
+from tests.router.cycles import RecordedCycles
 
 CONTEXT = 256
 
@@ -46,9 +48,8 @@ def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_poo
     """Clients that send together arrive a few ms apart; the second must not wait out a cycle of the
     first alone (at batch 4 every wave began with one-row cycles, on a window planned for one row)."""
     held = HeldPrefill(tiny_pool["t"])
-    sizes: list[int] = []
-    batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window),
-                      on_cycle_done=lambda batch, report, rows, ns, auto: sizes.append(len(rows)))
+    recorded = RecordedCycles()
+    batcher = Batcher(tiny_pool, "t", CONTEXT, None, observers=[recorded])
     batcher.start()
     try:
         request = GenerationRequest([5, 9, 3], SamplingParams(), 6, chain=("s", "t"), window=2)
@@ -60,6 +61,7 @@ def test_requests_arriving_during_a_prefill_join_before_the_first_cycle(tiny_poo
     finally:
         held.restore()
         batcher.stop()
+    sizes = recorded.sizes()
     assert sizes[0] == 2, f"the first cycle ran {sizes[0]} row(s); batch sizes by cycle: {sizes}"
 
 
@@ -67,7 +69,7 @@ def test_a_request_cancelled_before_it_is_admitted_still_ends(tiny_pool) -> None
     """A client that cancels while its request waits in the inbox (the loop busy with a prefill) gets its
     CancelledError like any other; the request beside it finishes."""
     held = HeldPrefill(tiny_pool["t"])
-    batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window))
+    batcher = Batcher(tiny_pool, "t", CONTEXT, None)
     batcher.start()
     try:
         first = batcher.submit(GenerationRequest([5, 9, 3], SamplingParams(), 6, chain=("t",), window=1))
@@ -84,7 +86,7 @@ def test_a_request_cancelled_before_it_is_admitted_still_ends(tiny_pool) -> None
 
 
 def target_only(pool, prompt, new) -> list[int]:
-    batcher = Batcher(pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window))
+    batcher = Batcher(pool, "t", CONTEXT, None)
     batcher.start()
     try:
         return finish(batcher.submit(GenerationRequest(prompt, SamplingParams(), new, chain=("t",)))).token_ids
@@ -96,27 +98,37 @@ def test_a_scheduler_or_an_observer_that_fails_costs_no_request(tiny_pool, caplo
     """An exception while choosing a chain runs that cycle on the target alone; one in an observer of a cycle
     (measurements, metrics) is logged. Either way the requests finish with the target's tokens, and the loop
     lives on."""
-    calls = [0]
+    class FailsEveryOther:
+        calls = 0
 
-    def choose(batch, chain, window):
-        calls[0] += 1
-        if calls[0] % 2:
-            raise TypeError("a bug in the scheduler")
-        return ("s", "t"), 2
+        def choose(self, batch, chain, window):
+            self.calls += 1
+            if self.calls % 2:
+                raise TypeError("a bug in the scheduler")
+            return ("s", "t"), 2
 
-    def observe(*args):
-        raise RuntimeError("a bug in measuring")
+    class Failing(CycleObserver):
+        def cycle_measured(self, report, rows):
+            raise RuntimeError("a bug in measuring")
+
+        def tokens_handed(self, count):
+            raise RuntimeError("a bug in counting")
+
+        def cycle_done(self, batch, report, rows, cycle_ns, chosen):
+            raise RuntimeError("a bug in the metrics")
 
     expected = [target_only(tiny_pool, p, 12) for p in ([5, 9, 3], [7, 1])]
-    batcher = Batcher(tiny_pool, "t", CONTEXT, None, choose_auto=choose, on_cycle=observe, on_cycle_done=observe,
-                      on_emitted=observe)
+    chooser = FailsEveryOther()
+    batcher = Batcher(tiny_pool, "t", CONTEXT, None, chooser=chooser, observers=[Failing()])
     batcher.start()
     try:
         handles = [batcher.submit(GenerationRequest(p, SamplingParams(), 12)) for p in ([5, 9, 3], [7, 1])]
         assert [finish(h).token_ids for h in handles] == expected
     finally:
         batcher.stop()
-    assert calls[0] > 2
+    assert chooser.calls > 2
     assert any("a bug in the scheduler" in r.getMessage() or "scheduler failed" in r.getMessage() for r in caplog.records)
-    assert any("measurements failed" in r.getMessage() for r in caplog.records)
+    messages = [r.getMessage() for r in caplog.records]
+    for what in ("measurements", "token count", "cycle's observers"):
+        assert any(f"the {what} failed" in m for m in messages), what
     assert not any(engine.state_ids() for engine in tiny_pool.values())

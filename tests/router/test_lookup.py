@@ -20,6 +20,7 @@ from specrouter.router.lookup import LOOKUP, LookupProposer, RecentRows, lookup_
 from specrouter.router.requests import GenerationRequest, InvalidRequest, parse_chain
 from specrouter.contract.calls import RowStep, SamplingParams
 from tests.conftest import tiny_engines
+from tests.router.cycles import RecordedCycles
 from tests.router.test_chain_sampling import P_THRESHOLD, SAMPLES, VOCAB, exact_joint, sample_chain
 from tests.stats import chi_square_p_value
 
@@ -78,16 +79,15 @@ def test_a_request_that_repeats_an_earlier_one_copies_its_output(tiny_pool, rece
     tokens in the lookup's recent rows and emits the same ids in fewer cycles; with no recent rows kept,
     the two runs make the same proposals and cycles."""
     prompt = random.Random(9).sample(range(1, 64), 12)
-    cycles: list[int] = []
-    b = batcher(tiny_pool, lambda batch, report, rows, ns, auto: cycles.append(len(rows)),
-                LookupProposer(recent_tokens=recent_tokens))
+    recorded = RecordedCycles()
+    b = batcher(tiny_pool, recorded, LookupProposer(recent_tokens=recent_tokens))
     b.start()
     try:
         runs = []
         for _ in range(2):
-            before = len(cycles)
+            before = len(recorded.cycles)
             out = outcome(b.submit(GenerationRequest(prompt, SamplingParams(), 40, chain=(LOOKUP, "t"), window=7)))
-            runs.append((out.token_ids, len(cycles) - before))
+            runs.append((out.token_ids, len(recorded.cycles) - before))
     finally:
         b.stop()
     (first, first_cycles), (second, second_cycles) = runs
@@ -105,9 +105,9 @@ def repetitive_prompts(rng: random.Random, n: int) -> list[list[int]]:
     return out
 
 
-def batcher(pool, on_cycle=None, lookup: LookupProposer | None = None) -> Batcher:
-    return Batcher(pool, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window),
-                   on_cycle_done=on_cycle, levels={LOOKUP: lookup or LookupProposer()})
+def batcher(pool, recorded: RecordedCycles | None = None, lookup: LookupProposer | None = None) -> Batcher:
+    return Batcher(pool, "t", CONTEXT, None, observers=[recorded] if recorded else [],
+                   levels={LOOKUP: lookup or LookupProposer()})
 
 
 def outcome(handle) -> Finished:
@@ -133,15 +133,9 @@ def test_greedy_ids_through_the_lookup_equal_target_only_as_rows_join_and_leave(
                             .token_ids)
     finally:
         b.stop()
-    proposed = accepted = 0
-
-    def count(batch, report, rows, cycle_ns, auto) -> None:
-        nonlocal proposed, accepted
-        proposed += sum(report.proposed[chain[1]])
-        accepted += sum(report.accepted[chain[1]])
-
+    recorded = RecordedCycles()
     for window in range(1, 9):
-        b = batcher(tiny_pool, count)
+        b = batcher(tiny_pool, recorded)
         b.start()
         try:
             # three rows at once, then one joining each time one has left: the batch changes under the lookup
@@ -158,6 +152,8 @@ def test_greedy_ids_through_the_lookup_equal_target_only_as_rows_join_and_leave(
             b.stop()
         assert [got[i] for i in range(len(prompts))] == expected, f"window {window}"
         assert not b.levels[LOOKUP].state_ids(), "the lookup kept rows that left"
+    proposed = sum(sum(report.proposed[chain[1]]) for report, _ in recorded.cycles)
+    accepted = sum(sum(report.accepted[chain[1]]) for report, _ in recorded.cycles)
     assert accepted > 0 and proposed > accepted, (proposed, accepted)   # it proposed, and was checked
 
 

@@ -19,6 +19,7 @@ from specrouter.router.requests import GenerationRequest
 from specrouter.router.server import status_for
 from specrouter.contract.calls import SamplingParams
 from specrouter.contract.errors import status_for as worker_status_for
+from tests.router.cycles import RecordedCycles
 from tests.router.test_row_isolation import CONTEXT, PROMPTS, engine, outcome, served
 
 NEW = 16
@@ -35,20 +36,17 @@ def requests(chain, window, params=None) -> list[GenerationRequest]:
     return [GenerationRequest(p, s, NEW, chain=chain, window=window) for p, s in zip(PROMPTS, params)]
 
 
-def run(workers, reqs, choose=None) -> tuple[list, list[tuple[tuple[str, ...], int, int]]]:
+def run(workers, reqs, chooser=None) -> tuple[list, list[tuple[tuple[str, ...], int, int]]]:
     """The requests as one batch; their outcomes and each cycle's (chain, window, rows)."""
-    cycles = []
-    batcher = Batcher(workers, "t", CONTEXT, None,
-                      choose_auto=choose or (lambda batch, chain, window: (chain, window)),
-                      on_cycle_done=lambda batch, report, rows, ns, auto: cycles.append(
-                          (report.chain, report.window, len(rows))))
+    recorded = RecordedCycles()
+    batcher = Batcher(workers, "t", CONTEXT, None, chooser=chooser, observers=[recorded])
     try:
         handles = [batcher.submit(r) for r in reqs]
         batcher.start()
         done = [outcome(h) for h in handles]
     finally:
         batcher.stop()
-    return done, cycles
+    return done, [(report.chain, report.window, len(rows)) for report, rows in recorded.cycles]
 
 
 def exhaust(engine, method: str, when) -> list[int]:
@@ -94,11 +92,17 @@ def test_one_row_gets_a_shorter_window(pool) -> None:
     assert no_states(pool)
 
 
+class EveryModelLeft:
+    """A chooser that runs every model the batch still has, at a window of 2."""
+
+    def choose(self, batch, chain, window):
+        return tuple(m for m in ("s", "m", "t") if m in batch.workers), 2
+
+
 def test_a_drafter_that_cannot_draft_one_token_leaves_the_chain_of_auto(pool) -> None:
     reference = tokens(run(pool, requests(("t",), 0)[:1])[0])
     raised = exhaust(pool["s"], "draft", lambda level, window, rows: True)
-    choose = lambda batch, chain, window: (tuple(m for m in ("s", "m", "t") if m in batch.workers), 2)  # noqa: E731
-    done, cycles = run(pool, requests(None, 0)[:1], choose)
+    done, cycles = run(pool, requests(None, 0)[:1], EveryModelLeft())
     assert tokens(done) == reference
     assert raised[0] == 2   # at a window of 2, then of 1
     assert {c for c, _, _ in cycles} == {("m", "t")}

@@ -26,7 +26,7 @@ from specrouter.router.server import status_for
 from specrouter.contract.calls import SamplingParams
 from tests.router.test_replicas import Fleet
 from tests.router.test_row_isolation import CONTEXT, engine, outcome
-from tests.router.test_worker_failover import prefer
+from tests.router.test_worker_failover import Prefer
 
 PROMPTS = [[5, 9, 3, 17, 2], [7, 1, 40, 22], [11, 12, 13]]
 PARAMS = [SamplingParams(), SamplingParams(temperature=0.9, top_k=20, seed=1234), SamplingParams()]
@@ -166,7 +166,7 @@ class Replicas:
 
 @contextlib.contextmanager
 def batcher_over(workers, *chains):
-    batcher = Batcher(workers, "t", CONTEXT, None, choose_auto=prefer(*chains))
+    batcher = Batcher(workers, "t", CONTEXT, None, chooser=Prefer(*chains))
     try:
         yield batcher
     finally:

@@ -71,7 +71,7 @@ def outcome(handle, timeout: float = 120.0) -> Finished | Failed:
 def run_together(workers, reqs: list[GenerationRequest], fault=None) -> list:
     """The requests, submitted before the loop starts so that they form one batch; their outcomes, once the
     batch is done. `fault(handles)` is called before the loop starts."""
-    batcher = Batcher(workers, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window))
+    batcher = Batcher(workers, "t", CONTEXT, None)
     try:
         handles = [batcher.submit(r) for r in reqs]
         if fault is not None:

@@ -40,8 +40,7 @@ def pool():
 
 @contextlib.contextmanager
 def running(workers, target_wait_s: float = 0.0, probe_s: float = 1.0):
-    batcher = Batcher(workers, "t", CONTEXT, None, choose_auto=lambda batch, chain, window: (chain, window),
-                      target_wait_s=target_wait_s)
+    batcher = Batcher(workers, "t", CONTEXT, None, target_wait_s=target_wait_s)
     batcher.health.probe_s = probe_s
     try:
         yield batcher

@@ -42,19 +42,23 @@ def run(batcher: Batcher, prompt, chain=None, window=0) -> Finished | Failed:
     return outcome(batcher.submit(GenerationRequest(prompt, SamplingParams(), NEW, chain=chain, window=window)))
 
 
-def prefer(*chains):
-    """A chooser that takes the first of `chains` whose models the batch still has."""
-    def choose(batch, chain, window):
+class Prefer:
+    """A chooser that takes the first of `chains` whose models the batch still has (at a window of 3, where
+    the requests named none)."""
+
+    def __init__(self, *chains: tuple[str, ...]):
+        self.chains = chains
+
+    def choose(self, batch, chain, window):
         if chain is not None:
             return chain, window or 3
-        return next(c for c in chains if set(c) <= set(batch.workers)), 3
-    return choose
+        return next(c for c in self.chains if set(c) <= set(batch.workers)), 3
 
 
 @contextlib.contextmanager
 def started(pool, *chains):
     """A running batcher over `pool` whose router prefers `chains` in order."""
-    batcher = Batcher(pool, "t", CONTEXT, None, choose_auto=prefer(*chains))
+    batcher = Batcher(pool, "t", CONTEXT, None, chooser=Prefer(*chains))
     batcher.start()
     try:
         yield batcher

@@ -1,7 +1,7 @@
 """What a user would run instead of SpecRouter: the pool's models with transformers, in one process.
 
 Three peers, all greedy, on the token ids the router would decode (the pool tokenizer without special
-tokens, as `Router.request_from_pb` encodes a prompt) and stopping as the router stops (at the
+tokens, as `RequestParser.parse` encodes a prompt) and stopping as the router stops (at the
 tokenizer's EOS, which is kept, or after `max_new_tokens`, or where the context runs out):
 
 - `generate_target`: target-only `model.generate`, one prompt at a time;
