@@ -103,8 +103,6 @@ def disagreement(reference: Worker, other: Worker) -> list[str]:
     return [f"{f} {getattr(b, f)!r} != {getattr(a, f)!r}" for f in AGREE if getattr(a, f) != getattr(b, f)]
 
 
-
-
 class ReplicaSet:
     """The replicas of each model, by the address each was dialled at. Thread-safe: the refresh thread
     changes the set while the batcher reads it."""

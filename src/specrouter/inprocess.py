@@ -57,7 +57,7 @@ class InProcessPool:
             name: WorkerEngine(name, ModelForward(loaded[name]), settings) for name in pool.names
         }
         self.context_length = min(e.forward.context_length for e in self.engines.values())
-        self.parameters = {n: sum(p.numel() for p in e.forward.model.parameters()) for n, e in self.engines.items()}
+        self.parameters = {n: e.info.parameters for n, e in self.engines.items()}
 
     @classmethod
     def open(cls, directory: Path, **kwargs) -> InProcessPool:
