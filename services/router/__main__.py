@@ -1,13 +1,17 @@
-"""`python -m specrouter.router --workers HOST:PORT,... --tokenizer-dir DIR [--port N] ...`"""
+"""`python -m specrouter.router --workers HOST:PORT,... --tokenizer-dir DIR [--port N] ...`, or
+`python -m specrouter.router --models-in-process true --pool-dir DIR --tokenizer-dir DIR ...` to serve the pool's
+models in the router's own process."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 from pydantic import ValidationError
 
 from specrouter import lifecycle, prometheus
+from specrouter.pool.manifest import PoolError
 from specrouter.router.auth import load_token, upstream_tls
 from specrouter.router.settings import RouterSettings
 from specrouter.tls import CredentialsError, server_tls
@@ -34,7 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     from specrouter.router import server as srv
 
     def open_router() -> lifecycle.Running:
-        router = srv.Router(settings, srv.connect_workers(settings, upstream), upstream)
+        compute = None
+        if settings.models_in_process:   # the models' calls run on this thread, which loads them (models_in_process.py)
+            from specrouter.models_in_process import ComputeLoop, pool_workers
+            from specrouter.router.replicas import ReplicaSet
+
+            compute = ComputeLoop()
+            replicas = ReplicaSet.fixed(pool_workers(settings.pool_dir, compute, settings.models_dtype,
+                                                     settings.models_device, say=logging.getLogger(__name__).info))
+        else:
+            replicas = srv.connect_workers(settings, upstream)
+        router = srv.Router(settings, replicas, upstream)
         router.start()
         grpc_server, port, _ = srv.create_server(settings, router, tls, token)
         grpc_server.start()
@@ -47,11 +61,12 @@ def main(argv: list[str] | None = None) -> int:
                 metrics.close()
 
         return lifecycle.Running(f"router listening on {settings.host}:{port}", close,
+                                 **({"work": lambda stop: compute.run(until=stop)} if compute else {}),
                                  metrics=prometheus.metrics_line("router", metrics))
 
     try:
         return lifecycle.serve("specrouter-router", open_router)
-    except srv.PoolMismatch as exc:
+    except (srv.PoolMismatch, PoolError) as exc:   # workers that disagree; a pool directory that is not one
         print(f"router: {exc}", file=sys.stderr)
         return 2
 

@@ -24,7 +24,12 @@ class RouterSettings(BaseSettings):
 
     # worker addresses, HOST:PORT or dns:///HOST:PORT: each stands for every address its host resolves to,
     # one replica each (a headless Service's name: its ready pods); every model of the pool, one or more times
-    workers: list[str]
+    workers: list[str] = []
+    # instead of workers: the pool's models (pool_dir) run in the router's own process, each level called
+    # without an RPC; for one host whose models share its cores or its device (models_in_process.py)
+    models_in_process: bool = False
+    models_dtype: str = "float32"       # with models_in_process: float32, float16 or bfloat16
+    models_device: str = "cpu"          # with models_in_process: cpu, cuda, cuda:1, ...
     workers_resolve_s: float = Field(5.0, gt=0)   # how often the names in `workers` are resolved again
     tokenizer_dir: Path                 # the target's tokenizer (a checkpoint directory)
     profiler: str = ""                  # profiler address; empty: no measurements are reported
@@ -81,6 +86,15 @@ class RouterSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _limits_agree(self) -> RouterSettings:
+        if self.models_in_process and (self.workers or self.pool_dir is None):
+            raise ValueError("models_in_process serves the models of pool_dir in the router itself: give "
+                             f"{setting_hint('pool_dir')}, and no workers" if self.pool_dir is None else
+                             "models_in_process serves the pool's models in the router itself; it takes no "
+                             f"workers, got {self.workers}: drop {setting_hint('workers')} or models_in_process")
+        if not self.models_in_process and not [w for w in self.workers if w.strip()]:
+            raise ValueError(f"no workers given: pass {setting_hint('workers')} (HOST:PORT,...), or "
+                             f"{setting_hint('models_in_process')} with {setting_hint('pool_dir')} to serve the "
+                             "pool's models in the router's own process")
         if self.max_new_tokens and self.default_max_new_tokens > self.max_new_tokens:
             raise ValueError(f"default_max_new_tokens ({self.default_max_new_tokens}) is over max_new_tokens "
                              f"({self.max_new_tokens}): requests that name none would be refused; lower the one "

@@ -175,9 +175,12 @@ def up(
                                          "SPECROUTER_ROUTER_AUTH_TOKEN)."),
     gateway_port: int = typer.Option(None, help="Port of the OpenAI-compatible HTTP gateway [default: 8000, or a "
                                      "free one with --port 0]; 0: a free one; -1: no gateway.", show_default=False),
+    models_in_router: bool = typer.Option(False, "--models-in-router", help="Serve the pool's models in the "
+                                          "router's own process instead of one worker process each: no RPC per "
+                                          "chain level, faster where the models share one host's cores."),
 ) -> None:
     """Start the embedded default: a profiler, one worker per pool model, a router and the OpenAI-compatible
-    HTTP gateway, on localhost.
+    HTTP gateway, on localhost (with --models-in-router, no workers: the router holds the models).
 
     A service that exits is started again on its port after a backoff (0.5 s, doubling to 30 s); the log
     says which, its exit code and the end of its log file. Ctrl-C or SIGTERM stops every service. Each
@@ -210,7 +213,8 @@ def up(
     try:
         cluster = LocalCluster(pool or default_pool(), log_dir, port=port, redis_url=redis_url, dtype=dtype,
                                device=device, on_start=announce, router_args=router_args, tls=tls,
-                               gateway_port=None if gateway_port < 0 else gateway_port)
+                               gateway_port=None if gateway_port < 0 else gateway_port,
+                               models_in_router=models_in_router)
     except (PoolError, RuntimeError) as exc:
         fail("FAILED_PRECONDITION", str(exc))
     print(f"router listening on {cluster.router.address}", flush=True)

@@ -256,6 +256,12 @@ class ClusterTLS:
         return ["--upstream-ca", str(self.ca), "--upstream-cert", str(self.cert), "--upstream-key", str(self.key)]
 
 
+# Router flags of a cluster that measures speed over prompts it sees more than once (rounds, screening):
+# the lookup level would otherwise copy whole answers from its own earlier requests, a speed no user with
+# new prompts gets.
+MEASURING_ROUTER_ARGS = ("--lookup-recent-tokens", "0")
+
+
 class LocalCluster:
     """The embedded default: a profiler, one worker per pool model and a router, on localhost; with
     `gateway_port` (0: a free one), the OpenAI-compatible HTTP gateway in front of the router too, which
@@ -269,6 +275,9 @@ class LocalCluster:
     OpenMP threads stop spinning soon after a forward pass (CPU_SPINCOUNT), unless the caller's
     environment sets GOMP_SPINCOUNT itself.
 
+    With `models_in_router` there are no worker processes: the router serves the pool's models in its own
+    process (specrouter/models_in_process.py), and a chain's levels cost no RPC.
+
     With `tls` every channel runs over TLS (ClusterTLS). A router token travels in the environment
     (SPECROUTER_ROUTER_AUTH_TOKEN, in `env` or inherited) or as a file (`--auth-token-file` in
     `router_args`), never as a command-line value.
@@ -277,7 +286,7 @@ class LocalCluster:
     def __init__(self, pool_dir: Path, log_dir: Path, port: int = 0, redis_url: str | None = None,
                  dtype: str = "float32", device: str = "cpu", env: dict[str, str] | None = None,
                  on_start=None, router_args: list[str] | None = None, tls: ClusterTLS | None = None,
-                 gateway_port: int | None = None):
+                 gateway_port: int | None = None, models_in_router: bool = False):
         from specrouter.pool.load import PoolDir
 
         pool = PoolDir.open(pool_dir)
@@ -290,12 +299,15 @@ class LocalCluster:
             self.profiler = self._start("specrouter.profiler", profiler_args, log_dir, env, "profiler", say)
             spin = device == "cpu" and "GOMP_SPINCOUNT" not in os.environ
             worker_env = {"GOMP_SPINCOUNT": CPU_SPINCOUNT, **(env or {})} if spin else env
-            workers = [self._start("specrouter.worker", ["--model-dir", str(pool.model_dir(n)), "--name", n,
-                                                         "--dtype", dtype, "--device", device,
-                                                         *self._thread_args(n, pool.target, device), *server_tls],
-                                   log_dir, worker_env, f"worker-{n}", say) for n in pool.names]
+            workers = [] if models_in_router else [
+                self._start("specrouter.worker", ["--model-dir", str(pool.model_dir(n)), "--name", n,
+                                                  "--dtype", dtype, "--device", device,
+                                                  *self._thread_args(n, pool.target, device), *server_tls],
+                            log_dir, worker_env, f"worker-{n}", say) for n in pool.names]
+            models = (["--models-in-process", "true", "--models-dtype", dtype, "--models-device", device] if models_in_router
+                      else ["--workers", ",".join(w.address for w in workers)])
             self.router = self._start("specrouter.router", [
-                "--workers", ",".join(w.address for w in workers), "--tokenizer-dir", str(pool.model_dir(pool.target)),
+                *models, "--tokenizer-dir", str(pool.model_dir(pool.target)),
                 "--target", pool.target, "--profiler", self.profiler.address, "--port", str(port),
                 "--pool-dir", str(pool_dir), *(tls.server_args(mutual=False) + tls.upstream_args() if tls else []),
                 *(router_args or [])],

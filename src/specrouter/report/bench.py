@@ -71,6 +71,7 @@ class BenchSettings:
     seed: int = 1234
     device: str = "cpu"               # where the local cluster's workers and the in-process rows run
     dtype: str = "float32"
+    models_in_router: bool = False    # the local cluster's router holds the models (no worker processes)
 
 
 @dataclass(frozen=True)
@@ -333,7 +334,7 @@ def run_bench(pool_dir: Path, settings: BenchSettings, prompts: Sequence[Prompt]
               say: Callable[[str], None] = lambda _line: None) -> BenchReport:
     """The whole bench: loads the pool's models here, starts a local cluster of the pool unless `router`
     is given, runs every cell, stops the cluster."""
-    from specrouter.launcher import LocalCluster
+    from specrouter.launcher import MEASURING_ROUTER_ARGS, LocalCluster
 
     check_kinds(prompts, settings.kinds)
     local = InProcessRows.load(pool_dir, settings.device, settings.dtype, settings.max_new_tokens)
@@ -344,7 +345,9 @@ def run_bench(pool_dir: Path, settings: BenchSettings, prompts: Sequence[Prompt]
             say("starting a local cluster of the pool ...")
             cluster = LocalCluster(pool_dir, Path(tempfile.mkdtemp(prefix="specrouter-bench-")), port=0,
                                    redis_url=redis_url, dtype=settings.dtype, device=settings.device,
-                                   on_start=lambda s: say(f"{s.name} up at {s.address}"))
+                                   on_start=lambda s: say(f"{s.name} up at {s.address}"),
+                                   models_in_router=settings.models_in_router,
+                                   router_args=list(MEASURING_ROUTER_ARGS))
             router = cluster.router.address
         bench = Bench(router, local, settings, progress)
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from specrouter.report.bench import BenchReport
+from specrouter.report.bench import BenchReport, BenchSettings
 from specrouter.report.bench_results import (ADAPTIVE, ENGINE, ENGINE_TWINS, HF_ASSISTED, HF_PROMPT_LOOKUP,
                                              HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, NOT_RUN, PASS, SERVICES,
                                              SERVICES_KEEP_MIN, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
@@ -136,13 +136,19 @@ def breakdown_table(cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
+def services_shape(s: BenchSettings) -> str:
+    """How the local cluster runs the pool's models."""
+    return ("the router holds the models (`--models-in-router`)" if s.models_in_router
+            else "one worker process per model")
+
+
 def format_markdown(report: BenchReport) -> str:
     s = report.settings
     lines = ["# SpecRouter bench", "", *([report.machine, ""] if report.machine else []),
              f"Greedy, {s.max_new_tokens} new tokens a request, {s.rounds} rounds (median; range min-max), "
              f"screening windows {', '.join(map(str, s.windows))}, three-level window {s.three_level_window}; "
              f"models {', '.join(f'{m.name} ({m.parameters:,})' for m in report.models)}, {s.dtype} on "
-             f"{s.device}; "
+             f"{s.device}; services: {services_shape(s)}; "
              f"{report.seconds / 60:.1f} min.", "",
              "## Tokens/s and ratio to in-process target-only", "",
              f"Ratios are over transformers' target-only `generate` at the cell's batch size ({HF_TARGET}: one "
@@ -151,8 +157,8 @@ def format_markdown(report: BenchReport) -> str:
              "assistant (its draft length and confidence threshold), as a user gets it.", "",
              *speeds_table(report.cells), "",
              "## What the services keep of the engine in process", "",
-             "Each static chain and window through the services (the SDK, gRPC, the router's batcher and "
-             "the workers' processes) over the same chain and window on SpecRouter's engine in this process "
+             "Each static chain and window through the services (the SDK, gRPC, the router's batcher and, "
+             "unless the router holds the models, the workers' processes) over the same chain and window on SpecRouter's engine in this process "
              f"(the router's chain step over the pool's worker engines, `{engine_label('<label>')}`), on the same "
              f"prompts in the same rounds; checked at batch 1 on the multi-level chains (>= {SERVICES_KEEP_MIN}x)."
              "", "", *kept_table(report.cells), "",

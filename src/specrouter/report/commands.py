@@ -88,11 +88,12 @@ def scheduler_report(
     cluster = None
     try:
         if router is None:
-            from specrouter.launcher import LocalCluster
+            from specrouter.launcher import MEASURING_ROUTER_ARGS, LocalCluster
 
             log_line("starting a local cluster of the pool ...")
             cluster = LocalCluster(pool or default_pool(), Path(tempfile.mkdtemp(prefix="specrouter-report-")),
-                                   port=0, redis_url=redis_url, on_start=lambda s: log_line(f"{s.name} up at {s.address}"))
+                                   port=0, redis_url=redis_url, on_start=lambda s: log_line(f"{s.name} up at {s.address}"),
+                                   router_args=list(MEASURING_ROUTER_ARGS))
             router = cluster.router.address
         report = SchedulerReport(router, settings, say=log_line).run(items)
     except SpecRouterError as exc:   # a router (given with --router) that refuses or fails a request
@@ -135,6 +136,8 @@ def bench(
     device: str = typer.Option("cpu", help="Device of the local cluster's workers and of the in-process rows "
                                            "(cpu, cuda, cuda:1, ...); with --router, that router's workers' device."),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16, on both sides."),
+    models_in_router: bool = typer.Option(False, "--models-in-router", help="The local cluster's router holds "
+                                          "the models (`specrouter up --models-in-router`): no worker processes."),
     out: Path = typer.Option(Path(".cache/bench"), help="Directory for bench.json, bench.md and bench.png."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
@@ -155,6 +158,9 @@ def bench(
     setup_logging(verbose)
     if min(requests, max_new_tokens, rounds) < 1:
         fail("INVALID_ARGUMENT", "--requests, --max-new-tokens and --rounds must be >= 1")
+    if models_in_router and router:
+        fail("INVALID_ARGUMENT", "--models-in-router shapes the local cluster the bench starts; with --router "
+                                 "the bench starts none")
     if not 1 <= three_level_window <= MAX_WINDOW:
         fail("INVALID_ARGUMENT", f"--three-level-window takes 1 to {MAX_WINDOW}, got {three_level_window}")
     if not 1 <= lookup_window <= MAX_WINDOW:
@@ -181,7 +187,7 @@ def bench(
     settings = BenchSettings(kinds=tuple(asked), batch_sizes=tuple(sizes), requests=requests,
                              max_new_tokens=max_new_tokens, rounds=rounds, windows=tuple(searched),
                              three_level_window=three_level_window, lookup_window=lookup_window,
-                             device=device, dtype=dtype)
+                             device=device, dtype=dtype, models_in_router=models_in_router)
     quiet_transformers()
     try:
         with RichProgress() as progress:

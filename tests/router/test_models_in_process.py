@@ -1,0 +1,119 @@
+"""The router holding the pool's models itself (`--models-in-process`, `specrouter up --models-in-router`):
+every chain's greedy output is the target's, every engine call runs on the compute thread, and settings
+that cannot work are refused by name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+from pydantic import ValidationError
+
+from specrouter.client import Client
+from specrouter.contract.calls import RowStep, SamplingParams, VerifyRow
+from specrouter.inprocess import InProcessPool
+from specrouter.launcher import LocalCluster
+from specrouter.models_in_process import ComputeLoop, EngineOnComputeThread, load_pool_engines
+from specrouter.pool.prompts import heldout_code_prompts
+from specrouter.router.lookup import LOOKUP
+from specrouter.router.settings import RouterSettings
+from tests.conftest import DEMO_POOL
+
+DRAFTER, MIDDLE, TARGET = "stdlib-1m", "stdlib-5m", "stdlib-29m"
+NEW_TOKENS = 24
+
+
+def test_settings_need_either_workers_or_models_in_process(tmp_path):
+    with pytest.raises(ValidationError, match="no workers given.*--models-in-process"):
+        RouterSettings(tokenizer_dir=tmp_path)
+    with pytest.raises(ValidationError, match="give --pool-dir"):
+        RouterSettings(tokenizer_dir=tmp_path, models_in_process=True)
+    with pytest.raises(ValidationError, match="takes no workers"):
+        RouterSettings(tokenizer_dir=tmp_path, models_in_process=True, pool_dir=tmp_path, workers=["h:1"])
+    assert RouterSettings(tokenizer_dir=tmp_path, workers=["h:1"]).workers == ["h:1"]
+
+
+def test_router_refuses_a_pool_directory_that_is_not_one(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "specrouter.router", "--models-in-process", "true",
+                           "--pool-dir", str(tmp_path), "--tokenizer-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"router: {tmp_path / 'pool.json'} does not exist" in done.stderr
+
+
+class Recording:
+    """A stand-in engine that records the thread of each call."""
+
+    def __init__(self):
+        self.name, self.address, self.info = "m", "in-process:m", None
+        self.threads: list[str] = []
+
+    def _call(self, *args):
+        self.threads.append(threading.current_thread().name)
+        if args and args[0] == "boom":
+            raise RuntimeError("refused")
+        return args
+
+    prefill = draft = verify = release = _call
+
+
+def test_every_engine_call_runs_on_the_compute_thread():
+    compute, stop, engine = ComputeLoop(), threading.Event(), Recording()
+    loop = threading.Thread(target=compute.run, args=(stop,), name="compute")
+    loop.start()
+    try:
+        worker = EngineOnComputeThread(engine, compute)
+        step = RowStep("r", [1], SamplingParams(), 0)
+        assert worker.prefill("s", [("r", [1, 2])], 1) == ("s", [("r", [1, 2])], 1)
+        assert worker.draft("s", 0, 3, [step], False) == ("s", 0, 3, [step], False)
+        row = VerifyRow("r", [1], SamplingParams(), 1, rollback=0, proposal=[2])
+        assert worker.verify("s", 1, [row], True) == ("s", 1, [row], True)
+        assert worker.release("s", ["r"]) is None
+        with pytest.raises(RuntimeError, match="refused"):   # an engine's error reaches the caller as it was
+            worker.prefill("boom", [])
+    finally:
+        stop.set()
+        loop.join()
+    assert engine.threads == ["compute"] * 5
+    assert worker.remote is False and worker.address == "in-process:m"
+
+
+def test_engines_carry_what_a_worker_says_of_its_model():
+    engines = load_pool_engines(DEMO_POOL)
+    pool = InProcessPool.open(DEMO_POOL)
+    assert set(engines) == set(pool.engines)
+    for name, engine in engines.items():
+        info = engine.info
+        assert info.model_name == name and info.parameters == pool.parameters[name]
+        assert len(info.tokenizer_sha256) == 64   # the router checks the pool shares the target's tokenizer
+        assert {(f.batch_size, f.tokens_per_row) for f in info.warmup_forwards} >= {(1, 1), (16, 9)}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = LocalCluster(DEMO_POOL, tmp_path_factory.mktemp("logs"), models_in_router=True, gateway_port=None)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_a_cluster_without_workers_serves_every_chain_with_the_targets_output(cluster):
+    assert [s.name for s in cluster.services] == ["profiler", "router"]
+    pool = InProcessPool.open(DEMO_POOL)
+    prompts = heldout_code_prompts(3)
+    expected = [g.token_ids for g in pool.generate(prompts, [TARGET], 0, SamplingParams(), NEW_TOKENS)]
+    with Client(cluster.router.address) as client:
+        models = {m.name: m for m in client.models()}
+        assert {DRAFTER, MIDDLE, TARGET} <= set(models)
+        assert models[TARGET].address.startswith(f"in-process:{TARGET}")   # no worker process
+        for chain, window in [(TARGET, 0), (f"{DRAFTER},{TARGET}", 3), (f"{DRAFTER},{MIDDLE},{TARGET}", 2),
+                              (f"{LOOKUP},{DRAFTER},{TARGET}", 4), ("auto", 0)]:
+            got = [client.generate(p, max_new_tokens=NEW_TOKENS, chain=chain, window=window).token_ids
+                   for p in prompts]
+            assert got == expected, chain
+        result = client.generate(prompts[0], max_new_tokens=NEW_TOKENS, chain=f"{DRAFTER},{TARGET}", window=3)
+    levels = result.stats.breakdown.levels
+    assert levels[TARGET].calls == result.stats.cycles and levels[TARGET].forward_ns > 0
