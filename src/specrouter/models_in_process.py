@@ -19,6 +19,7 @@ batcher's thread).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -60,14 +61,24 @@ class EngineOnComputeThread:
         self.name, self.address, self.info = engine.name, engine.address, engine.info
 
     def prefill(self, state_id: str, rows: Sequence[tuple[str, Sequence[int]]], predictions: int = 0) -> StepResult:
-        return self.compute.call(lambda: self.engine.prefill(state_id, rows, predictions))
+        return self._timed(lambda: self.engine.prefill(state_id, rows, predictions))
 
     def draft(self, state_id: str, level: int, window: int, rows: Sequence[RowStep], hand_up: bool = True,
               ) -> StepResult:
-        return self.compute.call(lambda: self.engine.draft(state_id, level, window, rows, hand_up))
+        return self._timed(lambda: self.engine.draft(state_id, level, window, rows, hand_up))
 
     def verify(self, state_id: str, level: int, rows: Sequence[VerifyRow], hand_up: bool) -> StepResult:
-        return self.compute.call(lambda: self.engine.verify(state_id, level, rows, hand_up))
+        return self._timed(lambda: self.engine.verify(state_id, level, rows, hand_up))
+
+    def _timed(self, step: Callable[[], StepResult]) -> StepResult:
+        """The step on the compute thread, its time there as the result's `handler_ns` (what a worker's
+        handler reports), so that a request's breakdown tells the engine's time from the hand-off's."""
+        def run() -> StepResult:
+            started = time.perf_counter_ns()
+            result = step()
+            result.handler_ns = time.perf_counter_ns() - started
+            return result
+        return self.compute.call(run)
 
     def release(self, state_id: str, row_ids: Sequence[str] | None = None) -> None:
         self.compute.call(lambda: self.engine.release(state_id, row_ids))

@@ -7,12 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from pydantic import ValidationError
 
 from specrouter.client import Client
-from specrouter.contract.calls import RowStep, SamplingParams, VerifyRow
+from specrouter.contract.calls import RowStep, SamplingParams, StepResult, VerifyRow
 from specrouter.inprocess import InProcessPool
 from specrouter.launcher import LocalCluster
 from specrouter.models_in_process import ComputeLoop, EngineOnComputeThread, load_pool_engines
@@ -44,17 +45,20 @@ def test_router_refuses_a_pool_directory_that_is_not_one(tmp_path):
 
 
 class Recording:
-    """A stand-in engine that records the thread of each call."""
+    """A stand-in engine that records each call's arguments and thread."""
 
     def __init__(self):
         self.name, self.address, self.info = "m", "in-process:m", None
+        self.calls: list[tuple] = []
         self.threads: list[str] = []
 
     def _call(self, *args):
+        self.calls.append(args)
         self.threads.append(threading.current_thread().name)
         if args and args[0] == "boom":
             raise RuntimeError("refused")
-        return args
+        time.sleep(0.001)
+        return StepResult(tokens=[[len(self.calls)]], rows=[None])
 
     prefill = draft = verify = release = _call
 
@@ -66,17 +70,20 @@ def test_every_engine_call_runs_on_the_compute_thread():
     try:
         worker = EngineOnComputeThread(engine, compute)
         step = RowStep("r", [1], SamplingParams(), 0)
-        assert worker.prefill("s", [("r", [1, 2])], 1) == ("s", [("r", [1, 2])], 1)
-        assert worker.draft("s", 0, 3, [step], False) == ("s", 0, 3, [step], False)
         row = VerifyRow("r", [1], SamplingParams(), 1, rollback=0, proposal=[2])
-        assert worker.verify("s", 1, [row], True) == ("s", 1, [row], True)
-        assert worker.release("s", ["r"]) is None
+        results = [worker.prefill("s", [("r", [1, 2])], 1), worker.draft("s", 0, 3, [step], False),
+                   worker.verify("s", 1, [row], True)]
+        worker.release("s", ["r"])
         with pytest.raises(RuntimeError, match="refused"):   # an engine's error reaches the caller as it was
             worker.prefill("boom", [])
     finally:
         stop.set()
         loop.join()
+    assert engine.calls == [("s", [("r", [1, 2])], 1), ("s", 0, 3, [step], False), ("s", 1, [row], True),
+                            ("s", ["r"]), ("boom", [], 0)]
     assert engine.threads == ["compute"] * 5
+    assert [r.tokens for r in results] == [[[1]], [[2]], [[3]]]
+    assert all(r.handler_ns >= 1_000_000 for r in results)   # the engine's time on the compute thread
     assert worker.remote is False and worker.address == "in-process:m"
 
 
@@ -115,5 +122,8 @@ def test_a_cluster_without_workers_serves_every_chain_with_the_targets_output(cl
                    for p in prompts]
             assert got == expected, chain
         result = client.generate(prompts[0], max_new_tokens=NEW_TOKENS, chain=f"{DRAFTER},{TARGET}", window=3)
-    levels = result.stats.breakdown.levels
-    assert levels[TARGET].calls == result.stats.cycles and levels[TARGET].forward_ns > 0
+    target = result.stats.breakdown.levels[TARGET]
+    assert target.calls == result.stats.cycles
+    # the engine's time on the compute thread stands for a worker's handler: it holds the forward passes and
+    # the call (the hand-off to that thread on top) holds it
+    assert 0 < target.forward_ns <= target.handler_ns <= target.call_ns

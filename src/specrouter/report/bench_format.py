@@ -166,7 +166,9 @@ def format_markdown(report: BenchReport) -> str:
              "## Screening (not counted)", "", *screening_table(report.cells), "",
              "## Per-cycle breakdown of the services path", "",
              "Milliseconds per router cycle of a request (summed over requests, over their cycles); the "
-             "client-side column per request.", "", *breakdown_table(report.cells), "", "## Checks", ""]
+             "client-side column per request." + (" With the models in the router, the handler is the engine's "
+             "call on the router's compute thread and the transport the hand-off to that thread."
+             if s.models_in_router else ""), "", *breakdown_table(report.cells), "", "## Checks", ""]
     lines += [f"- {c.status}: {c.name}. {c.detail}" for c in report.checks]
     if report.mismatches:
         lines += ["", "## Greedy mismatches against TMO", ""]
