@@ -4,7 +4,10 @@ test_bench_peers.py, the engine's rows in test_bench_engine.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -178,6 +181,12 @@ def test_markdown_has_the_tables_and_the_checks(tmp_path: Path) -> None:
     assert data["checks"][-1]["status"] == FAIL
     chart = write_chart(report, tmp_path / "bench.png")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "services: one worker process per model;" in text
+    assert data["settings"]["models_in_router"] is False
+    in_router = dataclasses.replace(report, settings=dataclasses.replace(report.settings, models_in_router=True))
+    text = format_markdown(in_router)
+    assert "services: the router holds the models (`--models-in-router`);" in text
+    assert "the transport the hand-off to that thread" in text
 
 
 # -- the experiment design, without a cluster -----------------------------------------------------
@@ -331,3 +340,13 @@ def test_the_bench_starts_its_cluster_on_the_device_and_dtype_of_its_peers(tiny_
     with pytest.raises(Stop):
         run_bench(tiny_pool, settings, builtin_prompts(2))
     assert (started["device"], started["dtype"]) == ("cpu", "bfloat16")
+
+
+def test_the_cli_refuses_models_in_router_with_a_given_router() -> None:
+    """`--models-in-router` shapes the cluster the bench starts; with `--router` it starts none, so the two
+    together are refused before anything loads."""
+    run = subprocess.run([sys.executable, "-m", "specrouter.cli", "bench", "--models-in-router", "--router",
+                          "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "INVALID_ARGUMENT" in run.stderr
+    assert "--models-in-router applies when the bench starts its own services" in run.stderr
+    assert "Traceback" not in run.stderr

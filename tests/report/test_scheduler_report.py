@@ -165,6 +165,7 @@ def test_the_cli_refuses_a_report_with_nothing_to_run() -> None:
     (["--windows", "0"], "--windows takes integers from 1 to 16, got 0"),
     (["--requests", "0"], "--requests"),
     (["--batch-sizes", "1,-4"], "--batch-sizes takes integers >= 1, got -4"),
+    (["--models-in-router", "--router", "127.0.0.1:1"], "--models-in-router applies when the report starts its own services"),
 ])
 def test_the_cli_refuses_bad_numbers_before_starting_anything(args, words) -> None:
     """A window the router would refuse is refused before the cluster starts, not after (nor as a

@@ -47,6 +47,8 @@ def scheduler_report(
     router: str = typer.Option(None, help="Use this router (HOST:PORT) instead of starting a local cluster."),
     pool: Path = typer.Option(None, help="Pool of the local cluster (default: the shipped demo pool)."),
     redis_url: str = typer.Option(None, help="Redis for the local cluster's profiler (default: in memory)."),
+    models_in_router: bool = typer.Option(False, "--models-in-router", help="The local cluster's router holds "
+                                          "the models (`specrouter up --models-in-router`): no worker processes."),
     out: Path = typer.Option(Path(".cache/scheduler-report"), help="Directory for report.json and report.png."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
@@ -66,6 +68,9 @@ def scheduler_report(
     if runoff_passes < 0 or runoff_waves < 0 or switching_runoff_passes < 0:
         fail("INVALID_ARGUMENT", "--runoff-passes, --runoff-waves and --switching-runoff-passes must be >= 0 "
               "(--runoff-passes 0: no run-off)")
+    if models_in_router and router:
+        fail("INVALID_ARGUMENT", "--models-in-router applies when the report starts its own services; with "
+                                 "--router it starts none")
     pair = None
     if switching:
         if ">" not in switching:
@@ -93,7 +98,7 @@ def scheduler_report(
             log_line("starting a local cluster of the pool ...")
             cluster = LocalCluster(pool or default_pool(), Path(tempfile.mkdtemp(prefix="specrouter-report-")),
                                    port=0, redis_url=redis_url, on_start=lambda s: log_line(f"{s.name} up at {s.address}"),
-                                   router_args=list(MEASURING_ROUTER_ARGS))
+                                   router_args=list(MEASURING_ROUTER_ARGS), models_in_router=models_in_router)
             router = cluster.router.address
         report = SchedulerReport(router, settings, say=log_line).run(items)
     except SpecRouterError as exc:   # a router (given with --router) that refuses or fails a request
@@ -159,8 +164,8 @@ def bench(
     if min(requests, max_new_tokens, rounds) < 1:
         fail("INVALID_ARGUMENT", "--requests, --max-new-tokens and --rounds must be >= 1")
     if models_in_router and router:
-        fail("INVALID_ARGUMENT", "--models-in-router shapes the local cluster the bench starts; with --router "
-                                 "the bench starts none")
+        fail("INVALID_ARGUMENT", "--models-in-router applies when the bench starts its own services; with "
+                                 "--router it starts none")
     if not 1 <= three_level_window <= MAX_WINDOW:
         fail("INVALID_ARGUMENT", f"--three-level-window takes 1 to {MAX_WINDOW}, got {three_level_window}")
     if not 1 <= lookup_window <= MAX_WINDOW:
