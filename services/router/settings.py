@@ -86,10 +86,11 @@ class RouterSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _limits_agree(self) -> RouterSettings:
-        if self.models_in_process and (self.workers or self.pool_dir is None):
+        if self.models_in_process and self.pool_dir is None:
             raise ValueError("models_in_process serves the models of pool_dir in the router itself: give "
-                             f"{setting_hint('pool_dir')}, and no workers" if self.pool_dir is None else
-                             "models_in_process serves the pool's models in the router itself; it takes no "
+                             f"{setting_hint('pool_dir')}, and no workers")
+        if self.models_in_process and self.workers:
+            raise ValueError("models_in_process serves the pool's models in the router itself; it takes no "
                              f"workers, got {self.workers}: drop {setting_hint('workers')} or models_in_process")
         if not self.models_in_process and not [w for w in self.workers if w.strip()]:
             raise ValueError(f"no workers given: pass {setting_hint('workers')} (HOST:PORT,...), or "
