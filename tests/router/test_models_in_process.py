@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent import futures
 
 import pytest
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from specrouter.contract.calls import RowStep, SamplingParams, StepResult, Verif
 from specrouter.inprocess import InProcessPool
 from specrouter.launcher import LocalCluster
 from specrouter.models_in_process import ComputeLoop, EngineOnComputeThread, load_pool_engines
+from specrouter.pool.load import load_tokenizer
 from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.lookup import LOOKUP
 from specrouter.router.settings import RouterSettings
@@ -127,3 +129,42 @@ def test_a_cluster_without_workers_serves_every_chain_with_the_targets_output(cl
     # the engine's time on the compute thread stands for a worker's handler: it holds the forward passes and
     # the call (the hand-off to that thread on top) holds it
     assert 0 < target.forward_ns <= target.handler_ns <= target.call_ns
+
+
+def test_a_seed_pins_the_text_and_a_stop_string_ends_it_while_other_requests_come_and_go(cluster):
+    """In the router's own process as through workers: a seeded sampled request gives the same token ids under
+    target-only, static chains and auto while other requests join and leave the batches, and a stop string
+    ends a greedy request on the target's tokens."""
+    prompts = heldout_code_prompts(5)
+    configurations = [(TARGET, 0), (f"{DRAFTER},{TARGET}", 3), (f"{LOOKUP},{DRAFTER},{TARGET}", 3), ("auto", 0)]
+    done = threading.Event()
+    with Client(cluster.router.address) as client:
+        def load() -> None:
+            i = 0
+            while not done.is_set():
+                client.generate(prompts[3 + i % 2], max_new_tokens=6 + i % 9, temperature=0.9, seed=i)
+                i += 1
+
+        with futures.ThreadPoolExecutor(2) as pool:
+            loaders = [pool.submit(load) for _ in range(2)]
+            try:
+                for prompt, seed in [(prompts[0], 7), (prompts[1], 2**40 + 11)]:
+                    texts = {(chain, window): client.generate(prompt, max_new_tokens=NEW_TOKENS, temperature=0.8,
+                                                              top_p=0.95, seed=seed, chain=chain,
+                                                              window=window).token_ids
+                             for chain, window in configurations}
+                    assert len({tuple(t) for t in texts.values()}) == 1, (seed, texts)
+            finally:
+                done.set()
+                for f in loaders:
+                    f.result()
+        free = client.generate(prompts[2], max_new_tokens=NEW_TOKENS, chain=TARGET)
+        decode = load_tokenizer(DEMO_POOL / TARGET).decode
+        # two tokens from the middle of the free output that do not occur before it
+        stop = next(s for i in range(6, NEW_TOKENS - 2)
+                    if (s := decode(free.token_ids[i:i + 2])).strip() and s not in decode(free.token_ids[:i]))
+        got = client.generate(prompts[2], max_new_tokens=NEW_TOKENS, chain=f"{DRAFTER},{TARGET}", window=4,
+                              stop=[stop])
+    assert got.finish_reason == "stop" and stop in got.text
+    assert got.token_ids == free.token_ids[:len(got.token_ids)]
+    assert stop not in decode(got.token_ids[:-1])   # nothing kept past the stop
