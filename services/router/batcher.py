@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from opentelemetry import trace
 
-from specrouter.router.chain import FAN_OUT, TARGET_ONLY_BLOCK, ChainBatch
+from specrouter.router.chain import FAN_OUT, TARGET_ONLY_BLOCK, ChainBatch, workers_of_chain
 from specrouter.router.cycle_report import CycleReport
 from specrouter.router.row import Row
 from specrouter.router.chain_choice import ChainChooser, DefaultChain
@@ -164,8 +164,8 @@ class Batcher:
         batch = self.batches.by_key.get(key)
         if batch is None:
             try:
-                batch = ChainBatch({**self.placement.place(self.batches.loads()), **self.levels}, self.target,
-                                   self.context_length,
+                workers = workers_of_chain(key.chain, {**self.placement.place(self.batches.loads()), **self.levels})
+                batch = ChainBatch(workers, self.target, self.context_length,
                                    prompt_positions=self.prompt_positions, orphans=self.orphans)
             except ModelUnavailable as exc:
                 for h in group:

@@ -53,6 +53,16 @@ MAX_RESYNCS = 2           # rebuilds of a model's state in a row before the fail
 FAN_OUT = ThreadPoolExecutor(max_workers=16, thread_name_prefix="worker-fan-out")
 
 
+def workers_of_chain(chain: Sequence[str] | None, workers: Mapping[str, Worker]) -> dict[str, Worker]:
+    """The workers a batch holds its rows' state on: for a named chain, its models alone (a model the chain
+    never calls would only prefill every row and release it, which costs each request a prefill per such
+    model); for `auto` (None), every one, since the scheduler may call any of them in any cycle. A model of
+    the chain that `workers` lacks stays out: the requests that named it are told so as they join."""
+    if chain is None:
+        return dict(workers)
+    return {m: w for m, w in workers.items() if m in chain}
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return sum(1 for _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a, b)))
 

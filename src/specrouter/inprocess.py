@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specrouter.pool.load import PoolDir, load_model, load_tokenizer
-from specrouter.router.chain import ChainBatch, run_to_completion
+from specrouter.router.chain import ChainBatch, run_to_completion, workers_of_chain
 from specrouter.router.cycle_report import CycleReport
 from specrouter.router.row import Row
 from specrouter.router.lookup import LOOKUP, LookupProposer
@@ -73,7 +73,8 @@ class InProcessPool:
     def generate_ids(self, prompts: Sequence[Sequence[int]], chain: Sequence[str], window: int,
                      params: Sequence[SamplingParams], max_new_tokens: int,
                      on_cycle=None, stop: Sequence[str] = ()) -> list[Row]:
-        batch = ChainBatch({**self.engines, LOOKUP: LookupProposer()}, self.target, self.context_length)
+        batch = ChainBatch(workers_of_chain(chain, {**self.engines, LOOKUP: LookupProposer()}), self.target,
+                           self.context_length)
         eos = self.tokenizer.eos_token_id
         stops = frozenset() if eos is None else frozenset({eos})
         strings = StopStrings(stop, self.tokenizer.decode) if stop else None

@@ -132,3 +132,51 @@ def test_a_scheduler_or_an_observer_that_fails_costs_no_request(tiny_pool, caplo
     for what in ("measurements", "token count", "cycle's observers"):
         assert any(f"the {what} failed" in m for m in messages), what
     assert not any(engine.state_ids() for engine in tiny_pool.values())
+
+
+class CallsOf:
+    """Counts each engine's calls by kind, passing them on."""
+
+    def __init__(self, pool):
+        self.pool, self.calls, self.saved = pool, {}, []
+        for name, engine in pool.items():
+            for kind in ("prefill", "draft", "verify", "release"):
+                method = getattr(engine, kind)
+                self.saved.append((engine, kind, method))
+                setattr(engine, kind, self._counted(name, kind, method))
+
+    def _counted(self, name, kind, method):
+        def call(*args, **kwargs):
+            self.calls[name, kind] = self.calls.get((name, kind), 0) + 1
+            return method(*args, **kwargs)
+        return call
+
+    def of(self, name: str) -> int:
+        return sum(n for (model, _), n in self.calls.items() if model == name)
+
+    def restore(self) -> None:
+        for engine, kind, _ in self.saved:
+            delattr(engine, kind)
+
+
+def test_a_named_chain_calls_only_its_own_models(tiny_pool) -> None:
+    """A request that names `s,t` is never prefilled on `m` nor released there: a model the chain does not
+    run would only cost the request a prefill. Under `auto` every model holds the rows (the scheduler may
+    call any), and the tokens are the target's either way."""
+    prompt = [5, 9, 3, 11, 2]
+    expected = target_only(tiny_pool, prompt, 10)
+    calls = CallsOf(tiny_pool)
+    batcher = Batcher(tiny_pool, "t", CONTEXT, None)
+    batcher.start()
+    try:
+        named = finish(batcher.submit(GenerationRequest(prompt, SamplingParams(), 10, chain=("s", "t"), window=3)))
+        after_named = {name: calls.of(name) for name in tiny_pool}
+        auto = finish(batcher.submit(GenerationRequest(prompt, SamplingParams(), 10)))
+    finally:
+        batcher.stop()
+        calls.restore()
+    assert named.token_ids == auto.token_ids == expected
+    assert after_named["m"] == 0, calls.calls
+    assert after_named["s"] >= 3 and after_named["t"] >= 3, calls.calls   # prefill, a cycle, release
+    assert calls.calls.get(("m", "prefill"), 0) == 1, calls.calls
+    assert not any(engine.state_ids() for engine in tiny_pool.values())
