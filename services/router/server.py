@@ -124,7 +124,7 @@ class Router:
         self.replicas.start()
         self.reporter.start()
         self.metrics.start()
-        self.scheduler.start()
+        self.scheduler.start(models_here=self.settings.models_in_process)
         self.batcher.start()
 
     def close(self) -> None:

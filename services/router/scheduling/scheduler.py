@@ -93,9 +93,15 @@ class Scheduler:
         """Time spent planning, all threads."""
         return self.planner.planning_ns
 
-    def start(self) -> None:
-        """Starts the background planner (without it, stale plans are refreshed inline)."""
-        self.planner.start()
+    def start(self, models_here: bool = False) -> None:
+        """Starts the background planner, unless planning stays on the cycle's thread: where the settings
+        say so, or, by default, where the models' passes run in this process (`models_here`). There a
+        planning thread takes the interpreter lock from the thread that drives the passes between their
+        operations, and every pass runs slower (docs/scheduler.md); inline, a decision that finds its plan
+        stale remakes it."""
+        thread = self.settings.planner_thread
+        if thread if thread is not None else not models_here:
+            self.planner.start()
 
     def close(self) -> None:
         self.planner.close()

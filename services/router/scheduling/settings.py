@@ -18,6 +18,10 @@ class SchedulerSettings(BaseModel):
     recompute_s: float = 0.25           # a batch composition's ranking is at most this old
     plan_max_age_s: float = Field(1.0, gt=0.0)   # ... when in use; one older, of a replaced snapshot, is not
     #                                     served: a composition asked for again after a while is replanned
+    planner_thread: bool | None = None  # plan in a background thread (True) or on the cycle's thread as a
+                                        # decision finds its plan stale (False); None: a thread where the
+                                        # models run in worker processes, the cycle's thread where the
+                                        # router holds them (a planning thread there slows every pass)
     planner_nice: int = Field(10, ge=0, le=19)   # niceness of the planner thread (Linux): it plans in the
                                         # cores' idle time, not in the workers' (0: as the router)
     hysteresis: float = 0.03            # change window only when the best is predicted this much faster
