@@ -9,7 +9,7 @@ import random
 import pytest
 
 from specrouter.router.scheduling.cycle_cost import (Prediction, RowGroup, accepted_distribution, expected_batch_cost,
-                                                     predict)
+                                                     predict, predict_windows)
 from specrouter.router.scheduling.finish import (best_finish, expected_max, finish_excess, finish_regret,
                                                  max_normal_moments, tail_factor)
 from specrouter.router.scheduling.latency import LatencyTable
@@ -113,6 +113,39 @@ def test_prediction_matches_simulation(chain, window, groups) -> None:
         mean = sum(values) / len(values)
         sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
         assert abs(mean - want) <= 4.5 * sd / math.sqrt(len(values)) + 1e-9 * want, (mean, want)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_window_at_once_predicts_what_one_window_at_a_time_does(seed) -> None:
+    """A plan predicts each chain at all its windows in one pass (predict_windows): every field of every
+    prediction equals predict's for that window, to rounding, for chains of two to four levels (the lookup
+    at the bottom), windows up to 15, row groups of different sizes and rates shorter or longer than the
+    proposals, with and without the drafter's later passes scaled."""
+    rng = random.Random(seed)
+    costs = {**COSTS, "lookup": (0.0, 0.0)}
+
+    def lat(model: str, batch: int, tokens: int) -> float:
+        fixed, per_token = costs[model]
+        return fixed + per_token * batch * tokens + 1e4 * tokens * tokens
+
+    chain = rng.choice([("a", "t"), ("b", "t"), ("a", "b", "t"), ("lookup", "t"), ("lookup", "a", "t"),
+                        ("lookup", "a", "b", "t")])
+    windows = sorted(rng.sample(range(1, 16), rng.randint(1, 10)))
+    groups = [RowGroup(rng.randint(1 if i == 0 else 0, 5),
+                       [[rng.random() for _ in range(rng.randint(1, 20))] for _ in chain[1:]])
+              for i in range(rng.choice([1, 1, 2, 3]))]
+    scale = rng.choice([None, lambda model, window: 0.5 + 0.01 * window])
+    cycle_overhead = rng.random() * 1e6
+    together = predict_windows(chain, windows, groups, lat, overhead, cycle_overhead, 4, scale)
+    assert [p.window for p in together] == windows
+    for p in together:
+        alone = predict(chain, p.window, groups, lat, overhead, cycle_overhead, 4, scale)
+        assert (p.chain, p.batch_size, len(p.emitted_dist), len(p.checks)) == \
+               (alone.chain, alone.batch_size, len(alone.emitted_dist), len(alone.checks))
+        for x, y in [(p.cost_ns, alone.cost_ns), (p.emitted, alone.emitted), (p.emitted_var, alone.emitted_var),
+                     *zip(p.level_ns, alone.level_ns), *zip(p.emitted_dist, alone.emitted_dist),
+                     *zip(itertools.chain(*p.checks), itertools.chain(*alone.checks))]:
+            assert x == pytest.approx(y, rel=1e-9, abs=1e-12)
 
 
 def test_prediction_fails_when_the_cycle_differs() -> None:

@@ -1,7 +1,7 @@
 """Plans and the planner thread: the ranked candidates per batch composition, made off the cycle's path.
 
 Candidates are every chain of the pool that ends at the target (the target alone included) with every
-window of `windows`. Their predictions (cycle_cost.predict) form a plan per batch composition (rows per
+window of `windows`. Their predictions (cycle_cost.predict_windows) form a plan per batch composition (rows per
 decoding mode, bucketed as the profiler buckets batch sizes: exact up to 16, then powers of two), with
 the acceptance of every pair shifted by a common number of log-odds steps (the rows' prompts) and of
 some pairs by more (the rows' own record). A background planner thread refreshes the plans in use every
@@ -27,7 +27,7 @@ from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.requests import MAX_WINDOW
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, shifted
 from specrouter.router.scheduling.candidates import chain_pairs
-from specrouter.router.scheduling.cycle_cost import Prediction, RowGroup, call_overhead, predict
+from specrouter.router.scheduling.cycle_cost import Prediction, RowGroup, call_overhead, predict_windows
 from specrouter.router.scheduling.draft_passes import draft_scale
 from specrouter.router.scheduling.finish import FINISH_HORIZON, Finish
 from specrouter.router.scheduling.latency import LatencyTable, latency_table
@@ -280,9 +280,8 @@ class Planner:
                                        for rates, odds in zip(per_pair, moved)]
                                 for mode, per_pair in groups_rates.items()}
             groups = [RowGroup(n, groups_rates[mode]) for mode, n in counts.items() if n]
-            for w in windows:
-                predictions.append(predict(chain, w, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK,
-                                           later_passes))
+            predictions += predict_windows(chain, windows, groups, latency, overhead, cycle_overhead,
+                                           TARGET_ONLY_BLOCK, later_passes)
             if pause:
                 time.sleep(0)
         predictions.sort(key=lambda p: p.t_eff_ns)
