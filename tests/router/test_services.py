@@ -403,7 +403,7 @@ def test_schedule_ranks_every_candidate_and_shows_its_estimates(cluster, client)
             stub.Schedule(router_pb2.ScheduleRequest(greedy_rows=5000))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most" in error.value.details()
     got = {(tuple(c.chain), c.window) for c in reply.candidates}
-    chains = [(small, target), (mid, target), (small, mid, target), (mid, small, target)]
+    chains = [(small, target), (mid, target), (small, mid, target)]   # each model larger than the one before
     # the model-free level in front, within 4 levels, at longer windows too as far as each level's
     # hand-up stays within 16 tokens
     lookups = [(LOOKUP, *c) for c in [(target,), *chains]]
@@ -413,7 +413,7 @@ def test_schedule_ranks_every_candidate_and_shows_its_estimates(cluster, client)
     assert t_eff == sorted(t_eff) and all(t > 0 for t in t_eff)
     assert all(abs(c.predicted_t_eff_ms - c.predicted_cycle_ms / c.predicted_emitted) < 1e-6 for c in reply.candidates)
     pairs = {(p.drafter, p.verifier): p for p in reply.pairs}
-    models = {(small, target), (mid, target), (small, mid), (mid, small)}
+    models = {(small, target), (mid, target), (small, mid)}
     assert set(pairs) == models | {(LOOKUP, small), (LOOKUP, mid), (LOOKUP, target)}
     shipped = json.loads((DEMO_POOL / "similarity.json").read_text())["pairs"]
     offline = {(p["drafter"], p["verifier"]): p["similarity"] for p in shipped if p["mode"] == "greedy"}
@@ -427,7 +427,9 @@ def test_schedule_ranks_every_candidate_and_shows_its_estimates(cluster, client)
         assert p.mode == "greedy" and p.similarity == pytest.approx(offline[pair]) and len(p.rates) == 8
         assert p.HasField("realized") and p.HasField("live_similarity")   # every pair measured by now
     assert reply.decisions > 0 and reply.explorations > 0 and reply.decision_us > 0 and reply.cycle_ms > 0
-    adaptive = [ledger for ledger in reply.ledgers if ledger.adaptive]
+    # the scheduler's cycles (a chain named with its window left open but outside the candidates, as
+    # 5m -> 1m -> 29m, runs unplanned at a middle window)
+    adaptive = [ledger for ledger in reply.ledgers if ledger.adaptive and (tuple(ledger.chain), ledger.window) in got]
     assert adaptive and all(ledger.predicted_emitted > 0 for ledger in adaptive)
 
 
@@ -447,8 +449,9 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
         [("code", 1), ("code", 2), ("prose", 1), ("prose", 2), ("switching:code>prose", 1)]
     for run in report["runs"]:
         assert run["target_only_tokens_per_s"] > 0 and run["adaptive_tokens_per_s"] > 0
-        # target-only and every chain at window 2: 4 of the models, and the same 5 with the lookup in front
-        assert len(run["static"]) == 10
+        # target-only and every chain at window 2: 4 of the models (growing towards the target), and the
+        # same 4 with the lookup in front
+        assert len(run["static"]) == 8
         for x in run["static"]:
             assert {"chain", "window", "tokens_per_s", "predicted_t_eff_ms", "measured_t_eff_ms"} <= set(x)
             assert x["predicted_t_eff_ms"] > 0 and x["measured_t_eff_ms"] > 0

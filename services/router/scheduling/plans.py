@@ -1,14 +1,15 @@
 """Plans and the planner thread: the ranked candidates per batch composition, made off the cycle's path.
 
-Candidates are every chain of the pool that ends at the target (the target alone included) with every
-window of `windows`. Their predictions (cycle_cost.predict_windows) form a plan per batch composition (rows per
-decoding mode, bucketed as the profiler buckets batch sizes: exact up to 16, then powers of two), with
-the acceptance of every pair shifted by a common number of log-odds steps (the rows' prompts) and of
-some pairs by more (the rows' own record). A background planner thread refreshes the plans in use every
-`recompute_s` from the profiler's latest snapshot, so a decision on the cycle's path is a dictionary
-lookup; only a composition never seen before, or one not asked for since its plan's snapshot was replaced
-more than `plan_max_age_s` ago, is planned inline. A shift not yet planned is planned by the planner
-thread, the nearest planned one serving meanwhile.
+Candidates are every chain of the pool that ends at the target (`candidates.py`; the target alone
+included) with every window of `windows`. Their predictions (cycle_cost.predict_windows) form a plan per
+batch composition (rows per decoding mode, bucketed as the profiler buckets batch sizes: exact up to 16,
+then powers of two), with the acceptance of every pair shifted by a common number of log-odds steps (the
+rows' prompts) and of some pairs by more (the rows' own record). A background planner thread refreshes
+the plans in use every `recompute_s` from the profiler's latest snapshot, so a decision on the cycle's
+path is a dictionary lookup; only a composition never seen before, or one not asked for since its plan's
+snapshot was replaced more than `plan_max_age_s` ago, is planned inline. A shift not yet planned is
+planned by the planner thread, the nearest planned one serving meanwhile. Without the thread (where the
+router holds the models) a decision remakes its plan when it finds it stale.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class Scheduler:
         self.target = target
         self.models = list(models)
         self.levels = list(levels)
-        self.chains = candidate_chains(models, target, s.max_levels, levels)
+        self.chains = candidate_chains(models, target, s.max_levels, levels, s.growing_chains)
         self.pairs = sorted({p for c in self.chains for p in chain_pairs(c)})
         self._offline = list(offline_similarity)
         self._clock = clock

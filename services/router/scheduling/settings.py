@@ -15,6 +15,8 @@ class SchedulerSettings(BaseModel):
     # that the target's pass, 16 tokens, stays in the profiler's exact buckets)
     lookup_windows: list[int] = Field(default_factory=lambda: [12, 15])
     max_levels: int = 4                 # longest chain considered (the pool's permutations grow fast)
+    growing_chains: bool = True         # only chains whose models grow in size towards the target (False:
+                                        # the pool's models in every order)
     recompute_s: float = 0.25           # a batch composition's ranking is at most this old
     plan_max_age_s: float = Field(1.0, gt=0.0)   # ... when in use; one older, of a replaced snapshot, is not
     #                                     served: a composition asked for again after a while is replanned
