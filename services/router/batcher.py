@@ -73,13 +73,14 @@ class Batcher:
                  eos_token_id: int | None, *, chooser: ChainChooser | None = None,
                  observers: Sequence[CycleObserver] = (), decode: Decode | None = None, prompt_positions: int = 0,
                  health: WorkerHealth | None = None, target_wait_s: float = 0.0,
-                 levels: Mapping[str, Worker] | None = None):
+                 levels: Mapping[str, Worker] | None = None, pipelined: bool = False):
         # one worker per model, or every replica of each (a router's)
         self.replicas = workers if isinstance(workers, ReplicaSet) else ReplicaSet.fixed(workers)
         self.health = health or WorkerHealth(self.replicas, target)
         self.placement = Placement(self.replicas, self.health, target)
         self.levels = dict(levels or {})
         self.prompt_positions = prompt_positions   # prompt positions the models' guesses are compared on
+        self.pipelined = pipelined   # batches whose drafter drafts ahead while the levels above verify
         self.target = target
         self.context_length = context_length
         self.stop_tokens = frozenset() if eos_token_id is None else frozenset({eos_token_id})
@@ -166,7 +167,8 @@ class Batcher:
             try:
                 workers = workers_of_chain(key.chain, {**self.placement.place(self.batches.loads()), **self.levels})
                 batch = ChainBatch(workers, self.target, self.context_length,
-                                   prompt_positions=self.prompt_positions, orphans=self.orphans)
+                                   prompt_positions=self.prompt_positions, orphans=self.orphans,
+                                   pipelined=self.pipelined)
             except ModelUnavailable as exc:
                 for h in group:
                     h.events.put(Failed(exc))
@@ -233,6 +235,9 @@ class Batcher:
                 report = batch.step(chain, window)
                 for model, accepted in report.accepted.items():
                     span.set_attribute(f"specrouter.accepted.{model}", sum(accepted) / len(accepted))
+                if report.ahead is not None or report.from_ahead:
+                    span.set_attribute("specrouter.ahead_draft", report.ahead is not None)
+                    span.set_attribute("specrouter.from_ahead", report.from_ahead)
                 self._observe("measurements", self.observers.cycle_measured, report, rows)
         except StateOutOfLine:   # that worker's state is rebuilt before its next call; the cycle runs again
             return None

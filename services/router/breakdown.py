@@ -29,6 +29,8 @@ class CycleBreakdown:
     choose_ns: int = 0
     prefill_ns: int = 0
     levels: dict[str, LevelTiming] = field(default_factory=lambda: defaultdict(LevelTiming))
+    ahead: LevelTiming = field(default_factory=LevelTiming)   # a pipelined batch's ahead drafts
+    cycles_from_ahead: int = 0   # cycles whose proposal an ahead draft made (no drafter call)
 
     def observe_cycle(self, report: CycleReport, cycle_ns: int, choose_ns: int) -> None:
         self.cycle_ns += cycle_ns
@@ -39,3 +41,9 @@ class CycleBreakdown:
             level.call_ns += report.call_ns.get(model, 0)
             level.handler_ns += result.handler_ns
             level.forward_ns += result.forward_ns
+        if report.ahead is not None:
+            self.ahead.calls += 1
+            self.ahead.call_ns += report.ahead_ns
+            self.ahead.handler_ns += report.ahead.handler_ns
+            self.ahead.forward_ns += report.ahead.forward_ns
+        self.cycles_from_ahead += report.from_ahead

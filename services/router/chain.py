@@ -17,6 +17,13 @@ same way. A call that a worker refuses for some rows alone ends those rows; the 
 A chain of the target alone is plain decoding: the target samples a block of tokens itself in one
 call (its own draft is its output, so nothing needs verifying), which spreads the round trip over the
 block; tokens past a stop are dropped and rolled back like rejected drafts.
+
+A pipelined batch (`pipelined`; docs/pipelined.md) overlaps the drafter with the levels above it: while
+they verify the proposal, the drafter, a worker in another process, drafts on past it as if all of it and
+its own next guesses were emitted (the ahead draft). When the cycle emits a prefix of that guessed
+continuation, the rest of it is the next cycle's proposal and the drafter's call is skipped; otherwise the
+ahead draft is rolled back with the rejected drafts. The levels above verify every proposal as before, so
+the emitted tokens are the target's whichever proposal they saw.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 from specrouter.router.failures import (RowsFailed, StateOutOfLine, WorkerCallFailed, failed_rows, state_out_of_line,
@@ -45,6 +53,9 @@ log = logging.getLogger(__name__)
 
 TARGET_ONLY_BLOCK = 4     # tokens per call of a target-only cycle when the window is left open (0)
 MAX_RESYNCS = 2           # rebuilds of a model's state in a row before the failure that asked for them is final
+# the random-stream level of a drafter's ahead draft: no chain has that many levels, so an ahead draft never
+# draws the uniforms of a fresh draft or of a verifier of the cycle it is meant for
+AHEAD_STREAM_LEVEL = 255
 
 # Calls that go to every worker (prefill, release) go out together to the workers in other processes (or
 # devices), so a row joins after the slowest prefill, not after the sum of them. Engines in this process
@@ -67,6 +78,27 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return sum(1 for _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a, b)))
 
 
+@dataclass(frozen=True)
+class AheadProposal:
+    """A row's next proposal, drafted during the cycle before: `proposal` follows the row's tokens, and the
+    drafter's cache holds `cached` past them (the proposal's first tokens and perhaps more of the ahead
+    draft, which the next ahead call rolls back)."""
+
+    proposal: list[int]
+    cached: list[int]
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """The next cycle's proposals that an ahead draft left, valid for the same chain and window on the same
+    drafter state."""
+
+    chain: tuple[str, ...]
+    window: int
+    state_id: str
+    rows: dict[str, AheadProposal]
+
+
 class ChainBatch:
     """A running batch of rows and their state on every worker of the pool.
 
@@ -76,7 +108,8 @@ class ChainBatch:
     trouble costs time, never a row."""
 
     def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int,
-                 state_id: str | None = None, prompt_positions: int = 0, orphans: Orphans | None = None):
+                 state_id: str | None = None, prompt_positions: int = 0, orphans: Orphans | None = None,
+                 pipelined: bool = False):
         if target not in workers:
             raise ValueError(f"target {target!r} is not among the workers {sorted(workers)}")
         if prompt_positions < 0:
@@ -96,6 +129,9 @@ class ChainBatch:
         # bounds set when a worker ran out of memory on this batch (None: none)
         self.max_rows: int | None = None
         self.max_window: int | None = None
+        # the drafter drafts ahead while the levels above verify (where it runs in another process)
+        self.pipelined = pipelined
+        self._ahead: Ahead | None = None   # what the last cycle's ahead draft left for the next one
 
     def room(self) -> int | None:
         """How many more rows may join (None: no bound)."""
@@ -176,6 +212,7 @@ class ChainBatch:
         worker rebuilds under a fresh state id, and the old state is released once it answers (`orphans`)."""
         worker, rows = self.workers[model], list(self.rows.values())
         self._resyncs[model] += 1
+        self._ahead = None
         try:
             try:
                 worker.release(self.state_ids[model])
@@ -200,6 +237,7 @@ class ChainBatch:
         replica that comes back holding the old state never clashes with it; the old state is released there
         once it answers (`orphans`)."""
         lost = self.workers.pop(model)
+        self._ahead = None
         try:
             gone = self.remove(list(self.rows))
         finally:
@@ -219,6 +257,7 @@ class ChainBatch:
             raise ValueError(f"the target {model!r} cannot leave the batch")
         worker, state = self.workers.pop(model, None), self.state_ids.pop(model, None)
         self._stale.discard(model)
+        self._ahead = None
         for r in self.rows.values():
             r.seen.pop(model, None)
             r.spec.pop(model, None)
@@ -293,17 +332,61 @@ class ChainBatch:
         processed: dict[str, list[list[int]]] = {}   # per model, per row: speculative tokens it cached
 
         drafter = chain[0]   # the target of a target-only chain drafts its own output
-        started = time.perf_counter_ns()
-        try:
-            result = self.workers[drafter].draft(self.state_ids[drafter], 0, window, self._steps(drafter, rows),
-                                                 hand_up=len(chain) > 1)
-        except Exception as exc:
-            raise self._call_failed(drafter, exc, rows) from exc
-        call_ns[drafter] = time.perf_counter_ns() - started
-        results[drafter] = result
-        proposal, proposal_rows = result.tokens, result.rows
-        processed[drafter] = [t[:-1] for t in proposal]
+        ahead, self._ahead = self._ahead_for(chain, window, rows), None
+        if ahead is None:
+            started = time.perf_counter_ns()
+            try:
+                result = self.workers[drafter].draft(self.state_ids[drafter], 0, window,
+                                                     self._steps(drafter, rows), hand_up=len(chain) > 1)
+            except Exception as exc:
+                raise self._call_failed(drafter, exc, rows) from exc
+            call_ns[drafter] = time.perf_counter_ns() - started
+            results[drafter] = result
+            proposal, proposal_rows = result.tokens, result.rows
+            cached = [t[:-1] for t in proposal]   # the drafter's cache past the rows' tokens
+        else:
+            proposal, proposal_rows = [a.proposal for a in ahead], [None] * len(rows)
+            cached = [a.cached for a in ahead]
+        processed[drafter] = cached
+        drafted = proposal
+        # the ahead draft goes out now, and runs while the levels above verify
+        running_ahead = self._start_ahead(chain, window, rows, proposal, cached, room) if self.pipelined else None
 
+        try:
+            self._verify_levels(chain, rows, room, proposal, proposal_rows, results, call_ns, accepted, proposed,
+                                processed)
+        except BaseException:
+            self._settle_ahead(running_ahead, processed)
+            self._abandon(rows, processed)
+            raise
+        ahead_result, ahead_ns = self._settle_ahead(running_ahead, processed)
+        if len(chain) > 1:
+            proposal = results[chain[-1]].tokens
+
+        lookup = next((w for w in self.workers.values() if isinstance(w, LookupProposer)), None)
+        shadow = ({} if lookup is None or lookup is self.workers[drafter] else
+                  shadow_checks(lookup, rows, {self.target: proposal, drafter: drafted}))
+        emitted = {r.row_id: r.emit(tokens, self.context_length) for r, tokens in zip(rows, proposal)}
+        for model, cached in processed.items():
+            for r, spec in zip(rows, cached):
+                new = emitted[r.row_id]
+                # the last emitted token stays pending for every model: its logits start the next cycle
+                keep = max(0, min(_common_prefix(spec, new), len(new) - 1))
+                r.seen[model] = len(r.tokens) - len(new) + keep
+                r.spec[model] = spec[keep:]
+        if ahead_result is not None:
+            self._ahead = self._next_ahead(chain, window, rows, emitted, processed[drafter], ahead_result.tokens)
+        for r in rows:
+            r.cycle += 1
+        for model in chain:
+            self._resyncs.pop(model, None)
+        return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns,
+                           model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow,
+                           from_ahead=ahead is not None, ahead=ahead_result, ahead_ns=ahead_ns)
+
+    def _verify_levels(self, chain, rows, room, proposal, proposal_rows, results, call_ns, accepted, proposed,
+                       processed) -> None:
+        """Each level above the drafter checks the proposal handed up to it and hands up its own."""
         for level, model in enumerate(chain[1:], start=1):
             hand_up = model != chain[-1]
             # near the end of the context a proposal is cut to the room, by its last tokens: a prefix of a
@@ -318,8 +401,7 @@ class ChainBatch:
             started = time.perf_counter_ns()
             try:
                 result = self.workers[model].verify(self.state_ids[model], level, steps, hand_up)
-            except Exception as exc:
-                self._abandon(rows, processed)
+            except Exception as exc:   # the caller rolls back what the levels before it cached
                 raise self._call_failed(model, exc, rows) from exc
             call_ns[model] = time.perf_counter_ns() - started
             results[model] = result
@@ -328,23 +410,75 @@ class ChainBatch:
             proposed[model] = [len(p) for p in proposal]
             proposal, proposal_rows = result.tokens, result.rows
 
-        lookup = next((w for w in self.workers.values() if isinstance(w, LookupProposer)), None)
-        shadow = ({} if lookup is None or lookup is self.workers[drafter] else
-                  shadow_checks(lookup, rows, {self.target: proposal, drafter: results[drafter].tokens}))
-        emitted = {r.row_id: r.emit(tokens, self.context_length) for r, tokens in zip(rows, proposal)}
-        for model, cached in processed.items():
-            for r, spec in zip(rows, cached):
-                new = emitted[r.row_id]
-                # the last emitted token stays pending for every model: its logits start the next cycle
-                keep = max(0, min(_common_prefix(spec, new), len(new) - 1))
-                r.seen[model] = len(r.tokens) - len(new) + keep
-                r.spec[model] = spec[keep:]
-        for r in rows:
-            r.cycle += 1
-        for model in chain:
-            self._resyncs.pop(model, None)
-        return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns,
-                           model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow)
+    # -- the ahead draft of a pipelined batch ----------------------------------------------------------
+
+    def _ahead_for(self, chain: tuple[str, ...], window: int, rows: Sequence[Row]) -> list[AheadProposal] | None:
+        """The rows' proposals from the last cycle's ahead draft, if it left one for every row and this cycle
+        runs the same chain and window on the same drafter state; None otherwise (the drafter drafts)."""
+        ahead = self._ahead
+        if (ahead is None or ahead.chain != chain or ahead.window != window or chain[0] in self._stale
+                or ahead.state_id != self.state_ids.get(chain[0])):
+            return None
+        found = [ahead.rows.get(r.row_id) for r in rows]
+        return None if any(a is None for a in found) else found
+
+    def _start_ahead(self, chain: tuple[str, ...], window: int, rows: Sequence[Row], proposal: list[list[int]],
+                     cached: list[list[int]], room: int) -> tuple[Future, list[list[int]], str] | None:
+        """Sends the drafter its ahead draft: from the end of each row's proposal, `window` tokens plus one
+        per level above it, so that after a cycle that accepts everything (each level adds a token) a whole
+        window is left. Only where it can run beside the verifiers (a drafter in another process) and its
+        tokens are checked by equality (greedy and coupled rows; a speculatively sampled proposal travels
+        with its rows, which the ahead draft's would have to be cut to), with room in the context for it."""
+        drafter = self.workers[chain[0]]
+        if len(chain) == 1 or not drafter.remote or isinstance(drafter, LookupProposer) or self.max_window:
+            return None
+        if any(not (r.sampling.greedy or r.sampling.coupled) for r in rows) or any(not p for p in proposal):
+            return None
+        extra = window + len(chain) - 1
+        if room < max(len(p) for p in proposal) + extra + 1:
+            return None
+        # the drafter's cache holds `cached` past the row's tokens: all but the proposal's last token stays
+        steps = [RowStep(row_id=r.row_id, pending=(p[-1],), sampling=r.sampling, cycle=r.cycle + 1,
+                         rollback=len(c) - (len(p) - 1)) for r, p, c in zip(rows, proposal, cached)]
+        state = self.state_ids[chain[0]]
+
+        def call() -> tuple[StepResult, int]:
+            started = time.perf_counter_ns()
+            result = drafter.draft(state, AHEAD_STREAM_LEVEL, extra, steps, hand_up=True)
+            return result, time.perf_counter_ns() - started
+
+        return FAN_OUT.submit(contextvars.copy_context().run, call), proposal, chain[0]
+
+    def _settle_ahead(self, running: tuple[Future, list[list[int]], str] | None,
+                      processed: dict[str, list[list[int]]]) -> tuple[StepResult | None, int]:
+        """Waits for the ahead draft (no call of the batch stays in flight past its cycle) and notes what the
+        drafter's cache now holds past the rows' tokens: the proposal and all but the last ahead token. An
+        ahead draft that failed costs its drafter a rebuild of its state before its next call."""
+        if running is None:
+            return None, 0
+        future, proposal, drafter = running
+        try:
+            result, ns = future.result()
+        except Exception as exc:  # noqa: BLE001 - the ahead draft only saves time; its drafter is rebuilt
+            log.warning("the ahead draft on %s failed (%s); its state of the batch is rebuilt before its next call",
+                        drafter, exc)
+            self._stale.add(drafter)
+            return None, 0
+        processed[drafter] = [[*p, *a[:-1]] for p, a in zip(proposal, result.tokens)]
+        return result, ns
+
+    def _next_ahead(self, chain: tuple[str, ...], window: int, rows: Sequence[Row], emitted: Mapping[str, list[int]],
+                    cached: list[list[int]], ahead: list[list[int]]) -> Ahead | None:
+        """What the ahead draft leaves the next cycle: for each running row whose emitted tokens are a prefix of
+        what the drafter guessed (its proposal, then its ahead draft), the next `window` tokens of the guess."""
+        out = {}
+        for r, held, last in zip(rows, cached, ahead):
+            new = emitted[r.row_id]
+            guessed = [*held, last[-1]]
+            if r.finish_reason is not None or not new or guessed[: len(new)] != new or len(guessed) <= len(new):
+                continue
+            out[r.row_id] = AheadProposal(guessed[len(new): len(new) + window], held[len(new):])
+        return Ahead(chain, window, self.state_ids[chain[0]], out) if out else None
 
     @staticmethod
     def _abandon(rows: Sequence[Row], processed: Mapping[str, list[list[int]]]) -> None:

@@ -22,6 +22,11 @@ class CycleReport:
     # (lookup, verifier) -> per row, (accepted, checked) of what the lookup would have proposed this cycle,
     # judged by the verifier's own picks (None for a sampled row: its picks judge no point mass)
     shadow: dict[tuple[str, str], list[tuple[int, int] | None]] = field(default_factory=dict)
+    # a pipelined batch: whether the proposal came from the last cycle's ahead draft (then the drafter was
+    # not called), and this cycle's ahead draft (its step and round trip, run beside the verifiers)
+    from_ahead: bool = False
+    ahead: StepResult | None = None
+    ahead_ns: int = 0
 
     def checked(self, verifier: str, row_index: int) -> int:
         """Positions of a row's proposal that `verifier` checked: up to and including its first rejection.

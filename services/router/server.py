@@ -118,7 +118,8 @@ class Router:
         self.batcher = Batcher(replicas, self.target, self.context_length, self.tokenizer.eos_token_id,
                                chooser=self.chooser, observers=observers, decode=self.tokenizer.decode,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
-                               target_wait_s=settings.target_wait_s, levels=self.levels)
+                               target_wait_s=settings.target_wait_s, levels=self.levels,
+                               pipelined=settings.pipelined)
 
     def start(self) -> None:
         self.replicas.start()
@@ -178,10 +179,13 @@ def schedule_pb(scheduler: Scheduler, greedy: int, sampling: int) -> pb.Schedule
 
 def _stats_pb(stats: dict) -> pb.GenerationStats:
     b = stats["breakdown"]
-    breakdown = pb.CycleBreakdown(
-        cycle_ns=b.cycle_ns, choose_ns=b.choose_ns, prefill_ns=b.prefill_ns,
-        levels={m: pb.LevelTiming(calls=t.calls, call_ns=t.call_ns, handler_ns=t.handler_ns, forward_ns=t.forward_ns)
-                for m, t in b.levels.items()})
+
+    def timing(t) -> pb.LevelTiming:
+        return pb.LevelTiming(calls=t.calls, call_ns=t.call_ns, handler_ns=t.handler_ns, forward_ns=t.forward_ns)
+
+    breakdown = pb.CycleBreakdown(cycle_ns=b.cycle_ns, choose_ns=b.choose_ns, prefill_ns=b.prefill_ns,
+                                  levels={m: timing(t) for m, t in b.levels.items()}, ahead=timing(b.ahead),
+                                  cycles_from_ahead=b.cycles_from_ahead)
     return pb.GenerationStats(**{**stats, "breakdown": breakdown})
 
 

@@ -39,6 +39,9 @@ class RouterSettings(BaseSettings):
     default_chain: str = ""             # chain of requests that name none, with `adaptive = false`
     default_window: int = 4             # draft window of those requests
     adaptive: bool = True               # "auto" requests are scheduled; false: the default chain and window
+    # the drafter, a worker in another process, drafts the next window while the levels above verify this
+    # one (greedy and coupled rows; docs/pipelined.md): pays where each worker has compute of its own
+    pipelined: bool = False
     # the scheduler's knobs: --scheduler '{"hysteresis": 0.05}' or SPECROUTER_ROUTER_SCHEDULER__HYSTERESIS=0.05
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     default_max_new_tokens: int = Field(64, ge=1)
@@ -92,6 +95,10 @@ class RouterSettings(BaseSettings):
         if self.models_in_process and self.workers:
             raise ValueError("models_in_process serves the pool's models in the router itself; it takes no "
                              f"workers, got {self.workers}: drop {setting_hint('workers')} or models_in_process")
+        if self.models_in_process and self.pipelined:
+            raise ValueError("pipelined runs the drafter beside the levels above it, on workers in other processes; "
+                             "with models_in_process every level runs on the router's one compute thread, one after "
+                             f"another: drop {setting_hint('pipelined')} or models_in_process")
         if not self.models_in_process and not [w for w in self.workers if w.strip()]:
             raise ValueError(f"no workers given: pass {setting_hint('workers')} (HOST:PORT,...), or "
                              f"{setting_hint('models_in_process')} with {setting_hint('pool_dir')} to serve the "

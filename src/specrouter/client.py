@@ -113,11 +113,18 @@ class CycleBreakdown:
     choose_ns: int = 0    # choosing the chain and window (part of cycle_ns)
     prefill_ns: int = 0   # the request's prefill round
     levels: dict[str, LevelTiming] = field(default_factory=dict)
+    # a pipelined router: the drafter's ahead drafts, each beside a cycle's verifiers (not in `levels`), and
+    # the cycles whose proposal one of them made; the other ahead drafts were thrown away
+    ahead: LevelTiming = field(default_factory=LevelTiming)
+    cycles_from_ahead: int = 0
 
     @classmethod
     def from_pb(cls, m: pb.CycleBreakdown) -> CycleBreakdown:
-        return cls(m.cycle_ns, m.choose_ns, m.prefill_ns,
-                   {name: LevelTiming(t.calls, t.call_ns, t.handler_ns, t.forward_ns) for name, t in m.levels.items()})
+        def timing(t: pb.LevelTiming) -> LevelTiming:
+            return LevelTiming(t.calls, t.call_ns, t.handler_ns, t.forward_ns)
+
+        return cls(m.cycle_ns, m.choose_ns, m.prefill_ns, {name: timing(t) for name, t in m.levels.items()},
+                   timing(m.ahead), m.cycles_from_ahead)
 
 
 @dataclass(frozen=True)

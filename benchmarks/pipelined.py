@@ -1,0 +1,140 @@
+"""Pipelined against lock-step chains through the services, on the same worker processes.
+
+    python -m benchmarks.pipelined --prompts P.jsonl [--kinds code,repetitive] [--worker-threads 1]
+                                   [--chains stdlib-1m,stdlib-29m:3,stdlib-1m,stdlib-29m:4] [--rounds 3]
+
+Starts a local cluster (a worker process per model, as `specrouter up`) and a second router over the same
+workers with `--pipelined true`, so both run on the same processes and the same cores; then, per kind of
+prompt (a `benchmarks.lookup --write-prompts` file) and chain, sends the prompts one at a time (batch 1,
+greedy, 64 new tokens) to one router and then the other, alternating which goes first each round, and
+target-only to the lock-step router as the baseline. Prints the machine line, tokens/s (median of the
+rounds, min-max) and each configuration's breakdown per cycle: every level's round trip and forward passes,
+the ahead draft's (run beside the verifiers: the drafter's time busy while the target works), and how many
+ahead drafts the next cycle took and how many were thrown away, with the drafter's forward time spent on
+those.
+
+`--worker-threads 1` gives every worker one PyTorch thread (by default the target has one per core and the
+other models one each), so that the levels running at once do not take each other's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from specrouter.client import Client
+from specrouter.launcher import MEASURING_ROUTER_ARGS, LocalCluster, ServiceProcess
+from specrouter.pool.load import PoolDir
+from specrouter.report.machine import machine_line
+
+DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
+NEW_TOKENS = 64
+
+
+def parse_chains(text: str) -> list[tuple[str, int]]:
+    """"a,b:3,a,b:4" -> [("a,b", 3), ("a,b", 4)]: each chain ends with its window after a colon."""
+    out, names = [], []
+    for part in text.split(","):
+        name, _, window = part.partition(":")
+        names.append(name)
+        if window:
+            out.append((",".join(names), int(window)))
+            names = []
+    if names:
+        raise SystemExit(f"--chains: {','.join(names)!r} has no window; write CHAIN:W, e.g. stdlib-1m,stdlib-29m:3")
+    return out
+
+
+def second_router(cluster: LocalCluster, pool_dir: Path, log_dir: Path, extra: list[str]) -> ServiceProcess:
+    """A router over the cluster's workers and profiler with its own flags."""
+    pool = PoolDir.open(pool_dir)
+    workers = [s.address for s in cluster.services if s.name.startswith("worker-")]
+    router = ServiceProcess("specrouter.router", "--workers", ",".join(workers), "--tokenizer-dir",
+                            str(pool.model_dir(pool.target)), "--target", pool.target, "--profiler",
+                            cluster.profiler.address, "--port", "0", "--pool-dir", str(pool_dir), *extra,
+                            log_dir=log_dir, name="router-pipelined")
+    cluster.services.append(router)   # stopped with the cluster
+    return router
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=Path, required=True, help="JSON lines of {kind, prompt}")
+    parser.add_argument("--kinds", default="code,repetitive")
+    parser.add_argument("--pool", type=Path, default=DEFAULT_POOL)
+    parser.add_argument("--chains", default="stdlib-1m,stdlib-29m:3,stdlib-1m,stdlib-29m:4")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker-threads", type=int, default=0, help="PyTorch threads of every worker (0: the "
+                        "launcher's default: the target one per core, the others one)")
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
+    kinds = args.kinds.split(",")
+    pool = PoolDir.open(args.pool)
+    chains = [*parse_chains(args.chains), (pool.target, 0)]
+    env = {"SPECROUTER_WORKER_TORCH_THREADS": str(args.worker_threads)} if args.worker_threads else None
+    threads = f"{args.worker_threads} each" if args.worker_threads else "the target's default, the others' 1"
+    print(f"{machine_line()}; workers' PyTorch threads: {threads}", flush=True)
+
+    log_dir = Path(tempfile.mkdtemp(prefix="pipelined-"))
+    cluster = LocalCluster(args.pool, log_dir, router_args=[*MEASURING_ROUTER_ARGS], env=env, gateway_port=None)
+    try:
+        pipelined = second_router(cluster, args.pool, log_dir, [*MEASURING_ROUTER_ARGS, "--pipelined", "true"])
+        clients = {"lock-step": Client(cluster.router.address), "pipelined": Client(pipelined.address)}
+        for client in clients.values():   # every model warm on every router's path
+            for chain, window in chains:
+                client.generate("def f(x):\n    return", max_new_tokens=16, chain=chain, window=window)
+        speeds: dict[tuple, list[float]] = defaultdict(list)
+        sums: dict[tuple, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for r in range(args.rounds):
+            for kind in kinds:
+                prompts = [row["prompt"] for row in rows if row["kind"] == kind]
+                for chain, window in chains:
+                    names = ["lock-step"] if window == 0 else ["lock-step", "pipelined"][:: 1 if r % 2 == 0 else -1]
+                    for name in names:
+                        key, tokens, started = (kind, chain, window, name), 0, time.perf_counter()
+                        for prompt in prompts:
+                            g = clients[name].generate(prompt, max_new_tokens=NEW_TOKENS, chain=chain, window=window)
+                            tokens += len(g.token_ids)
+                            b, s = g.stats.breakdown, sums[key]
+                            s["cycles"] += g.stats.cycles
+                            s["cycle"] += b.cycle_ns
+                            for model, t in b.levels.items():
+                                s[f"{model} call"] += t.call_ns
+                                s[f"{model} forward"] += t.forward_ns
+                            s["ahead calls"] += b.ahead.calls
+                            s["ahead call"] += b.ahead.call_ns
+                            s["ahead forward"] += b.ahead.forward_ns
+                            s["taken"] += b.cycles_from_ahead
+                        speeds[key].append(tokens / (time.perf_counter() - started))
+        print(f"\nbatch 1, greedy, {NEW_TOKENS} new tokens, {args.rounds} rounds (median tok/s, min-max); "
+              "per cycle (ms): each level's round trip / forward passes")
+        for key, values in speeds.items():
+            kind, chain, window, name = key
+            s = sums[key]
+            n = s["cycles"]
+            levels = "; ".join(f"{m.removesuffix(' call')} {s[m] / n / 1e6:.2f}/{s[m.replace('call', 'forward')] / n / 1e6:.2f}"
+                               for m in sorted(s) if m.endswith(" call") and m != "ahead call" and s[m])
+            line = (f"{kind:10s} {chain:34s} W{window} {name:9s} {statistics.median(values):6.1f} "
+                    f"({min(values):.1f}-{max(values):.1f})  cycles {n:.0f}, {s['cycle'] / n / 1e6:.2f} ms: {levels}")
+            if s["ahead calls"]:
+                thrown = s["ahead calls"] - s["taken"]
+                per_call = s["ahead forward"] / s["ahead calls"]
+                line += (f"; ahead {s['ahead call'] / n / 1e6:.2f}/{s['ahead forward'] / n / 1e6:.2f}, taken by "
+                         f"{s['taken']:.0f} of {s['ahead calls']:.0f} cycles, thrown away {thrown:.0f} "
+                         f"({thrown * per_call / n / 1e6:.2f} ms forward a cycle)")
+            print(line, flush=True)
+        for kind in kinds:
+            for chain, window in chains[:-1]:
+                lock, pipe = (statistics.median(speeds[(kind, chain, window, n)]) for n in ("lock-step", "pipelined"))
+                print(f"{kind} {chain} W{window}: pipelined/lock-step {pipe / lock:.2f}x")
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

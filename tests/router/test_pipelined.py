@@ -1,0 +1,345 @@
+"""A pipelined batch: the drafter drafts ahead while the levels above verify, and the output stays the target's.
+
+Drafters stand in for workers in other processes (their calls run on the batch's fan-out threads, beside
+the verifiers): the tiny pool's own drafter; a twin of the target, which guesses every token right, so
+that every cycle after the first can take its proposal from the ahead draft; the same twin, slow; a
+drafter that is always wrong; and one that is lost in the middle of a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from specrouter.client import Client
+from specrouter.contract.calls import SamplingParams, StepResult
+from specrouter.inprocess import InProcessPool
+from specrouter.launcher import LocalCluster
+from specrouter.pool.prompts import heldout_code_prompts
+from specrouter.router.batcher import Batcher
+from specrouter.router.chain import AHEAD_STREAM_LEVEL, ChainBatch
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.handles import Failed, Finished
+from specrouter.router.requests import GenerationRequest
+from specrouter.router.row import Row
+from specrouter.router.settings import RouterSettings
+from specrouter.worker.engine import WorkerEngine
+from specrouter.worker.forward import ModelForward
+from tests.conftest import DEMO_POOL, TINY_VOCAB, tiny_llama
+
+CONTEXT = 256
+TARGET_SHAPE = (3, 64, 2)   # the tiny pool's target: seed, hidden size, layers (tests/conftest.py)
+PROMPTS = [[5, 9, 3, 17, 2], [7, 1, 40, 22], [11, 3, 3, 3, 8, 60, 1, 2, 9], [33]]
+MAX_NEW = [24, 13, 30, 19]
+JOINS_AFTER = 2   # cycles before the last prompt's row joins the batch
+SERVED_DRAFTER, SERVED_MIDDLE, SERVED_TARGET = "stdlib-1m", "stdlib-5m", "stdlib-29m"   # the demo pool
+
+
+class InAnotherProcess:
+    """An engine standing in for a worker in another process: its calls may overlap the other levels'. It
+    counts its calls by kind and level, and can be slow, or go away after some draft calls."""
+
+    remote = True
+
+    def __init__(self, engine: WorkerEngine, delay_s: float = 0.0, drafts_before_lost: int | None = None):
+        self.engine, self.delay_s, self.drafts_before_lost = engine, delay_s, drafts_before_lost
+        self.name, self.info, self.address = engine.name, engine.info, f"stand-in:{engine.name}"
+        self.drafts: list[int] = []   # the level of each draft call
+        self.in_flight, self._lock = 0, threading.Lock()
+
+    @contextlib.contextmanager
+    def _call(self):
+        with self._lock:
+            self.in_flight += 1
+        try:
+            time.sleep(self.delay_s)
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def prefill(self, state_id, rows, predictions=0):
+        with self._call():
+            return self.engine.prefill(state_id, rows, predictions)
+
+    def draft(self, state_id, level, window, rows, hand_up=True):
+        with self._call():
+            self.drafts.append(level)
+            if self.drafts_before_lost is not None and len(self.drafts) > self.drafts_before_lost:
+                raise ConnectionError(f"{self.name} is gone")
+            return self.engine.draft(state_id, level, window, rows, hand_up)
+
+    def verify(self, state_id, level, rows, hand_up):
+        with self._call():
+            return self.engine.verify(state_id, level, rows, hand_up)
+
+    def release(self, state_id, row_ids=None):
+        with self._call():
+            return self.engine.release(state_id, row_ids)
+
+    def probe(self, timeout_s=2.0):
+        if self.drafts_before_lost is not None and len(self.drafts) > self.drafts_before_lost:
+            raise ConnectionError(f"{self.name} does not answer")
+
+    def close(self):
+        pass
+
+
+class AlwaysWrong:
+    """A drafter without a model in another process whose every guess is wrong: it keeps each row's cache as
+    a worker would (rollback, then the pending tokens, then all but the last drafted token) and proposes, at
+    each position, a token the target never picks there (one more than the target's own pick)."""
+
+    remote = True
+
+    def __init__(self, target: WorkerEngine):
+        self.name, self.info, self.address, self.target = "wrong", target.info, "stand-in:wrong", target
+        self.cache: dict[str, dict[str, list[int]]] = {}
+
+    def prefill(self, state_id, rows, predictions=0):
+        held = self.cache.setdefault(state_id, {})
+        for row_id, tokens in rows:
+            held[row_id] = list(tokens)
+        return StepResult(tokens=[[] for _ in rows], rows=[None] * len(rows))
+
+    def draft(self, state_id, level, window, rows, hand_up=True):
+        out = []
+        for r in rows:
+            held = self.cache[state_id][r.row_id]
+            del held[len(held) - r.rollback:]
+            held.extend(r.pending)
+            out.append([(t + 1) % TINY_VOCAB for t in greedy_continuation(self.target, held, window)])
+            held.extend(out[-1][:-1])
+        return StepResult(tokens=out, rows=[None] * len(rows))
+
+    def release(self, state_id, row_ids=None):
+        held = self.cache.get(state_id, {})
+        for row_id in list(held) if row_ids is None else row_ids:
+            held.pop(row_id, None)
+
+    def probe(self, timeout_s=2.0):
+        pass
+
+    def close(self):
+        pass
+
+
+def greedy_continuation(target: WorkerEngine, tokens: list[int], n: int) -> list[int]:
+    """The target's next `n` greedy tokens after `tokens` (a throwaway state of its own)."""
+    rows = [Row("probe", list(tokens), len(tokens), SamplingParams(), n)]
+    batch = ChainBatch({target.name: target}, target.name, CONTEXT)
+    batch.add(rows)
+    try:
+        while rows[0].finish_reason is None:
+            batch.step((target.name,), 0)
+    finally:
+        batch.release()
+    return rows[0].generated
+
+
+@pytest.fixture(scope="module")
+def twin() -> WorkerEngine:
+    """A copy of the target: as a drafter it proposes exactly the target's greedy tokens."""
+    return WorkerEngine("twin", ModelForward(tiny_llama(*TARGET_SHAPE)))
+
+
+def drafter_of(kind: str, tiny_pool, twin) -> InAnotherProcess | AlwaysWrong:
+    if kind == "wrong":
+        return AlwaysWrong(tiny_pool["t"])
+    return InAnotherProcess({"tiny": tiny_pool["s"], "twin": twin, "slow": twin}[kind],
+                            delay_s=0.02 if kind == "slow" else 0.0)
+
+
+def run_joining(workers, chain, window, params=None, pipelined=True) -> tuple[dict[str, list[int]], list[CycleReport]]:
+    """Every prompt's row to its end on `chain`, the last joining after JOINS_AFTER cycles, finished rows
+    leaving after each cycle: each row's generated tokens, and the cycles' reports."""
+    params = params or [SamplingParams()] * len(PROMPTS)
+    rows = [Row(f"r{i}", p, len(p), sp, n) for i, (p, sp, n) in enumerate(zip(PROMPTS, params, MAX_NEW))]
+    batch = ChainBatch(workers, "t", CONTEXT, pipelined=pipelined)
+    batch.add(rows[:-1])
+    reports, done = [], {}
+    try:
+        while batch.rows:
+            reports.append(batch.step(chain, window))
+            assert all(getattr(w, "in_flight", 0) == 0 for w in workers.values()), "a call outlived its cycle"
+            if len(reports) == JOINS_AFTER:
+                batch.add(rows[-1:])
+            for row in batch.remove([r.row_id for r in batch.rows.values() if r.finish_reason is not None]):
+                done[row.row_id] = row.generated
+    finally:
+        batch.release()
+    return done, reports
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pool) -> dict[str, list[int]]:
+    return run_joining({"t": tiny_pool["t"]}, ("t",), 0, pipelined=False)[0]
+
+
+@pytest.mark.parametrize("kind", ["tiny", "twin", "slow", "wrong"])
+@pytest.mark.parametrize("levels", [2, 3])
+@pytest.mark.parametrize("window", [1, 2, 4, 8])
+def test_pipelined_chains_emit_the_targets_greedy_tokens(tiny_pool, twin, reference, kind, levels, window) -> None:
+    drafter = drafter_of(kind, tiny_pool, twin)
+    chain = ("d", "t") if levels == 2 else ("d", "m", "t")
+    workers = {"d": drafter, "m": tiny_pool["m"], "t": tiny_pool["t"]}
+    outputs, reports = run_joining({m: workers[m] for m in chain}, chain, window)
+    assert outputs == reference
+    assert all(r.ahead is not None for r in reports)   # every cycle drafts ahead beside the verifiers
+    if kind == "wrong":   # nothing it guesses is ever emitted, so no cycle takes its proposal from an ahead draft
+        assert not any(r.from_ahead for r in reports)
+    if kind == "tiny":
+        assert set(drafter.drafts) == {0, AHEAD_STREAM_LEVEL}
+
+
+@pytest.mark.parametrize("window", [1, 3, 6])
+def test_a_drafter_that_guesses_right_drafts_only_when_rows_join(tiny_pool, twin, reference, window) -> None:
+    """With every guess right, every cycle accepts its whole proposal, and only the first cycle and the one
+    after a row joins call the drafter to draft: the others verify what the ahead draft left. A proposal
+    built from a cache the router got wrong would show as a rejection here."""
+    drafter = InAnotherProcess(twin)
+    outputs, reports = run_joining({"d": drafter, "t": tiny_pool["t"]}, ("d", "t"), window)
+    assert outputs == reference
+    for r in reports:
+        assert r.accepted["t"] == r.proposed["t"], (r.accepted, r.proposed)
+    fresh = [i for i, r in enumerate(reports) if not r.from_ahead]
+    assert fresh == [0, JOINS_AFTER]
+    assert drafter.drafts.count(0) == 2 and drafter.drafts.count(AHEAD_STREAM_LEVEL) == len(reports)
+
+
+def test_a_three_level_chain_takes_the_ahead_draft_when_both_levels_accept_it(tiny_pool, twin, reference) -> None:
+    """Twin drafter and twin intermediate: each level accepts everything and adds a token, so the ahead
+    draft of W + 2 tokens leaves the next cycle a whole window."""
+    second = WorkerEngine("m2", ModelForward(tiny_llama(*TARGET_SHAPE)))
+    workers = {"d": InAnotherProcess(twin), "m2": second, "t": tiny_pool["t"]}
+    outputs, reports = run_joining(workers, ("d", "m2", "t"), 3)
+    assert outputs == reference
+    assert [i for i, r in enumerate(reports) if not r.from_ahead] == [0, JOINS_AFTER]
+
+
+@pytest.mark.parametrize("kind", ["tiny", "twin"])
+def test_coupled_rows_pipeline_and_keep_their_seeded_tokens(tiny_pool, twin, kind) -> None:
+    """Coupled sampling checks every proposal by equality with the level's own seeded pick, so a pipelined
+    chain emits the target-only chain's tokens for the same seeds."""
+    params = [SamplingParams(temperature=0.9, seed=100 + i, coupled=True) for i in range(len(PROMPTS))]
+    expected = run_joining({"t": tiny_pool["t"]}, ("t",), 0, params, pipelined=False)[0]
+    workers = {"d": drafter_of(kind, tiny_pool, twin), "t": tiny_pool["t"]}
+    outputs, reports = run_joining(workers, ("d", "t"), 3, params)
+    assert outputs == expected
+    assert all(r.ahead is not None for r in reports)
+    if kind == "twin":
+        assert sum(r.from_ahead for r in reports) >= len(reports) // 2
+
+
+def test_speculatively_sampled_rows_run_lock_step(tiny_pool) -> None:
+    """A proposal drawn by speculative sampling travels with its distribution rows: such a batch does not
+    draft ahead, and emits what the lock-step chain emits for the same seeds."""
+    params = [SamplingParams(temperature=0.9, seed=7 + i) for i in range(len(PROMPTS))]
+    workers = {"d": InAnotherProcess(tiny_pool["s"]), "t": tiny_pool["t"]}
+    lock_step = run_joining(workers, ("d", "t"), 3, params, pipelined=False)[0]
+    outputs, reports = run_joining(workers, ("d", "t"), 3, params)
+    assert outputs == lock_step
+    assert not any(r.ahead is not None or r.from_ahead for r in reports)
+
+
+def test_no_ahead_draft_for_a_drafter_in_this_process(tiny_pool, reference) -> None:
+    """In this process the drafter could only run after the verifiers, never beside them."""
+    outputs, reports = run_joining({"s": tiny_pool["s"], "t": tiny_pool["t"]}, ("s", "t"), 3)
+    assert outputs == reference
+    assert not any(r.ahead is not None for r in reports)
+
+
+def test_removing_a_row_mid_pipeline_frees_it_on_every_worker(tiny_pool, twin) -> None:
+    drafter = InAnotherProcess(twin)
+    workers = {"d": drafter, "t": tiny_pool["t"]}
+    rows = [Row(f"r{i}", p, len(p), SamplingParams(), 40) for i, p in enumerate(PROMPTS)]
+    batch = ChainBatch(workers, "t", CONTEXT, pipelined=True)
+    batch.add(rows)
+    for _ in range(3):
+        assert batch.step(("d", "t"), 4).ahead is not None
+    batch.remove(["r1"])   # as a cancelled request leaves its batch
+    state = batch.state_ids["d"]
+    for engine in (twin, tiny_pool["t"]):
+        assert "r1" not in engine.state(state).row_ids
+    assert batch.step(("d", "t"), 4).from_ahead   # the rows that stay keep their ahead drafts
+    batch.release()
+    assert state not in twin.state_ids() and state not in tiny_pool["t"].state_ids()
+
+
+def _outcome(handle, timeout: float = 120.0):
+    while True:
+        event = handle.events.get(timeout=timeout)
+        if isinstance(event, (Failed, Finished)):
+            return event
+
+
+class _Prefer:
+    """The first of `chains` whose models the batch still has, at window 3."""
+
+    def __init__(self, *chains):
+        self.chains = chains
+
+    def choose(self, batch, chain, window):
+        return next(c for c in self.chains if set(c) <= set(batch.workers)), 3
+
+
+def test_a_drafter_lost_mid_request_leaves_the_output_exact(tiny_pool, twin, reference) -> None:
+    """The drafter goes away after five draft calls, an ahead draft among them: the batch rebuilds its state
+    once, finds it gone, and goes on without it, through the batcher as a router runs it."""
+    drafter = InAnotherProcess(twin, drafts_before_lost=5)
+    pool = {"d": drafter, "t": tiny_pool["t"]}
+    batcher = Batcher(pool, "t", CONTEXT, None, chooser=_Prefer(("d", "t"), ("t",)), pipelined=True)
+    batcher.start()
+    try:
+        done = _outcome(batcher.submit(GenerationRequest(PROMPTS[0], SamplingParams(), MAX_NEW[0])))
+    finally:
+        batcher.stop()
+    assert isinstance(done, Finished), done
+    assert done.token_ids == reference["r0"]
+    assert done.stats["chain_counts"]["d,t"] >= 3 and done.stats["chain_counts"]["t"] > 0
+    assert "d" in batcher.health.down()
+    for state in tiny_pool["t"].state_ids():
+        tiny_pool["t"].release(state)
+
+
+def test_settings_refuse_pipelining_the_models_in_the_router(tmp_path) -> None:
+    with pytest.raises(ValidationError, match="drop --pipelined .*or models_in_process"):
+        RouterSettings(tokenizer_dir=tmp_path, models_in_process=True, pool_dir=tmp_path, pipelined=True)
+    assert RouterSettings(tokenizer_dir=tmp_path, workers=["h:1"], pipelined=True).pipelined
+
+
+@pytest.fixture(scope="module")
+def pipelined_cluster(tmp_path_factory):
+    cluster = LocalCluster(DEMO_POOL, tmp_path_factory.mktemp("logs"), router_args=["--pipelined", "true"],
+                           gateway_port=None)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_a_pipelined_cluster_emits_the_targets_tokens_through_its_workers(pipelined_cluster) -> None:
+    """Through the services, each level a worker process of its own: greedy requests on two- and three-level
+    chains and auto, and seeded (coupled) requests, give the target-only tokens; the breakdown counts the
+    ahead drafts and the cycles that took their proposal from one."""
+    pool = InProcessPool.open(DEMO_POOL)
+    prompts = heldout_code_prompts(3)
+    expected = [g.token_ids for g in pool.generate(prompts, [SERVED_TARGET], 0, SamplingParams(), 24)]
+    with Client(pipelined_cluster.router.address) as client:
+        for chain, window in [(SERVED_TARGET, 0), (f"{SERVED_DRAFTER},{SERVED_TARGET}", 3),
+                              (f"{SERVED_DRAFTER},{SERVED_MIDDLE},{SERVED_TARGET}", 2), ("auto", 0)]:
+            got = [client.generate(p, max_new_tokens=24, chain=chain, window=window) for p in prompts]
+            assert [g.token_ids for g in got] == expected, chain
+            if chain.startswith(SERVED_DRAFTER):
+                ahead = [g.stats.breakdown.ahead.calls for g in got]
+                assert ahead == [g.stats.cycles for g in got]
+                assert sum(g.stats.breakdown.cycles_from_ahead for g in got) > 0
+                assert all(g.stats.breakdown.ahead.forward_ns > 0 for g in got)
+        seeded = {chain: client.generate(prompts[0], max_new_tokens=24, temperature=0.8, seed=5, chain=chain,
+                                         window=3).token_ids
+                  for chain in (SERVED_TARGET, f"{SERVED_DRAFTER},{SERVED_TARGET}")}
+    assert len({tuple(t) for t in seeded.values()}) == 1, seeded
