@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 
 import pytest
 from pydantic import ValidationError
@@ -23,6 +22,7 @@ from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.lookup import LOOKUP
 from specrouter.router.settings import RouterSettings
 from tests.conftest import DEMO_POOL
+from tests.router.load import other_requests
 
 DRAFTER, MIDDLE, TARGET = "stdlib-1m", "stdlib-5m", "stdlib-29m"
 NEW_TOKENS = 24
@@ -137,27 +137,14 @@ def test_a_seed_pins_the_text_and_a_stop_string_ends_it_while_other_requests_com
     ends a greedy request on the target's tokens."""
     prompts = heldout_code_prompts(5)
     configurations = [(TARGET, 0), (f"{DRAFTER},{TARGET}", 3), (f"{LOOKUP},{DRAFTER},{TARGET}", 3), ("auto", 0)]
-    done = threading.Event()
     with Client(cluster.router.address) as client:
-        def load() -> None:
-            i = 0
-            while not done.is_set():
-                client.generate(prompts[3 + i % 2], max_new_tokens=6 + i % 9, temperature=0.9, seed=i)
-                i += 1
-
-        with futures.ThreadPoolExecutor(2) as pool:
-            loaders = [pool.submit(load) for _ in range(2)]
-            try:
-                for prompt, seed in [(prompts[0], 7), (prompts[1], 2**40 + 11)]:
-                    texts = {(chain, window): client.generate(prompt, max_new_tokens=NEW_TOKENS, temperature=0.8,
-                                                              top_p=0.95, seed=seed, chain=chain,
-                                                              window=window).token_ids
-                             for chain, window in configurations}
-                    assert len({tuple(t) for t in texts.values()}) == 1, (seed, texts)
-            finally:
-                done.set()
-                for f in loaders:
-                    f.result()
+        with other_requests(client, prompts[3:5], loaders=2, min_tokens=6, token_spread=9):
+            for prompt, seed in [(prompts[0], 7), (prompts[1], 2**40 + 11)]:
+                texts = {(chain, window): client.generate(prompt, max_new_tokens=NEW_TOKENS, temperature=0.8,
+                                                          top_p=0.95, seed=seed, chain=chain,
+                                                          window=window).token_ids
+                         for chain, window in configurations}
+                assert len({tuple(t) for t in texts.values()}) == 1, (seed, texts)
         free = client.generate(prompts[2], max_new_tokens=NEW_TOKENS, chain=TARGET)
         decode = load_tokenizer(DEMO_POOL / TARGET).decode
         # two tokens from the middle of the free output that do not occur before it

@@ -9,6 +9,8 @@ drafter that is always wrong; and one that is lost in the middle of a request.
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 
@@ -343,3 +345,11 @@ def test_a_pipelined_cluster_emits_the_targets_tokens_through_its_workers(pipeli
                                          window=3).token_ids
                   for chain in (SERVED_TARGET, f"{SERVED_DRAFTER},{SERVED_TARGET}")}
     assert len({tuple(t) for t in seeded.values()}) == 1, seeded
+
+
+def test_up_refuses_pipelining_the_models_in_the_router(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "specrouter.cli", "up", "--port", "0", "--log-dir", str(tmp_path),
+                           "--models-in-router", "--pipelined"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "INVALID_ARGUMENT" in done.stderr and "drop one of them" in done.stderr
+    assert not list(tmp_path.iterdir())   # refused before any service started

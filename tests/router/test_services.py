@@ -26,6 +26,7 @@ from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.lookup import LOOKUP
 from specrouter.router.scheduling.settings import SchedulerSettings
 from tests.conftest import DEMO_POOL
+from tests.router.load import other_requests
 from tests.traces import trace_endpoint
 
 NEW_TOKENS = 24
@@ -245,26 +246,12 @@ def test_a_seed_pins_the_text_whatever_the_chain_and_the_load(client, prompts) -
                       ("stdlib-5m,stdlib-29m", 3), ("stdlib-1m,stdlib-5m,stdlib-29m", 4), ("lookup,stdlib-29m", 6),
                       ("lookup,stdlib-1m,stdlib-29m", 3), ("auto", 0)]
     cases = [(prompts[0], 7), (prompts[1], 2**40 + 11), (prompts[2], 2**62 + 5)]
-    stop = threading.Event()
-
-    def load() -> None:   # other clients' requests join and leave the batches all along
-        i = 0
-        while not stop.is_set():
-            client.generate(prompts[3 + i % 3], max_new_tokens=8 + i % 13, temperature=0.9, seed=i)
-            i += 1
-
-    with futures.ThreadPoolExecutor(3) as pool:
-        loaders = [pool.submit(load) for _ in range(3)]
-        try:
-            for prompt, seed in cases:
-                texts = {(chain, window): client.generate(prompt, max_new_tokens=20, temperature=0.8, top_p=0.95,
-                                                          seed=seed, chain=chain, window=window).token_ids
-                         for chain, window in configurations}
-                assert len({tuple(t) for t in texts.values()}) == 1, (seed, texts)
-        finally:
-            stop.set()
-            for f in loaders:
-                f.result()
+    with other_requests(client, prompts[3:6], loaders=3, min_tokens=8, token_spread=13):
+        for prompt, seed in cases:
+            texts = {(chain, window): client.generate(prompt, max_new_tokens=20, temperature=0.8, top_p=0.95,
+                                                      seed=seed, chain=chain, window=window).token_ids
+                     for chain, window in configurations}
+            assert len({tuple(t) for t in texts.values()}) == 1, (seed, texts)
 
 
 def test_async_client_and_streaming_agree_with_the_blocking_client(cluster, client, prompts) -> None:
