@@ -46,7 +46,7 @@ from specrouter.router.lookup import LookupProposer, shadow_checks
 from specrouter.router.orphans import Orphans
 from specrouter.router.row import Row, prompt_agreement
 from specrouter.router.workers import Worker
-from specrouter.contract.calls import RowStep, StepResult, VerifyRow
+from specrouter.contract.calls import DistributionRows, RowStep, StepResult, VerifyRow
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -80,12 +80,14 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class AheadProposal:
-    """A row's next proposal, drafted during the cycle before: `proposal` follows the row's tokens, and the
-    drafter's cache holds `cached` past them (the proposal's first tokens and perhaps more of the ahead
-    draft, which the next ahead call rolls back)."""
+    """A row's next proposal, drafted during the cycle before: `proposal` follows the row's tokens, with the
+    distribution rows its tokens were drawn from (None for a greedy or coupled row), and the drafter's
+    cache holds `cached` past them (the proposal's first tokens and perhaps more of the ahead draft, which
+    the next ahead call rolls back)."""
 
     proposal: list[int]
     cached: list[int]
+    rows: DistributionRows | None = None
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,7 @@ class ChainBatch:
             proposal, proposal_rows = result.tokens, result.rows
             cached = [t[:-1] for t in proposal]   # the drafter's cache past the rows' tokens
         else:
-            proposal, proposal_rows = [a.proposal for a in ahead], [None] * len(rows)
+            proposal, proposal_rows = [a.proposal for a in ahead], [a.rows for a in ahead]
             cached = [a.cached for a in ahead]
         processed[drafter] = cached
         drafted = proposal
@@ -375,7 +377,7 @@ class ChainBatch:
                 r.seen[model] = len(r.tokens) - len(new) + keep
                 r.spec[model] = spec[keep:]
         if ahead_result is not None:
-            self._ahead = self._next_ahead(chain, window, rows, emitted, processed[drafter], ahead_result.tokens)
+            self._ahead = self._next_ahead(chain, window, rows, emitted, processed[drafter], ahead_result)
         for r in rows:
             r.cycle += 1
         for model in chain:
@@ -426,13 +428,13 @@ class ChainBatch:
                      cached: list[list[int]], room: int) -> tuple[Future, list[list[int]], str] | None:
         """Sends the drafter its ahead draft: from the end of each row's proposal, `window` tokens plus one
         per level above it, so that after a cycle that accepts everything (each level adds a token) a whole
-        window is left. Only where it can run beside the verifiers (a drafter in another process) and its
-        tokens are checked by equality (greedy and coupled rows; a speculatively sampled proposal travels
-        with its rows, which the ahead draft's would have to be cut to), with room in the context for it."""
+        window is left. Only where it can run beside the verifiers (a drafter in another process), with room
+        in the context for it. Sampled rows draw it from a random stream of its own (AHEAD_STREAM_LEVEL) and
+        get back the distribution rows of its tokens, which travel with the part the next cycle proposes."""
         drafter = self.workers[chain[0]]
         if len(chain) == 1 or not drafter.remote or isinstance(drafter, LookupProposer) or self.max_window:
             return None
-        if any(not (r.sampling.greedy or r.sampling.coupled) for r in rows) or any(not p for p in proposal):
+        if any(not p for p in proposal):
             return None
         extra = window + len(chain) - 1
         if room < max(len(p) for p in proposal) + extra + 1:
@@ -468,16 +470,22 @@ class ChainBatch:
         return result, ns
 
     def _next_ahead(self, chain: tuple[str, ...], window: int, rows: Sequence[Row], emitted: Mapping[str, list[int]],
-                    cached: list[list[int]], ahead: list[list[int]]) -> Ahead | None:
+                    cached: list[list[int]], ahead: StepResult) -> Ahead | None:
         """What the ahead draft leaves the next cycle: for each running row whose emitted tokens are a prefix of
-        what the drafter guessed (its proposal, then its ahead draft), the next `window` tokens of the guess."""
+        what the drafter guessed (its proposal, then its ahead draft), the next `window` tokens of the guess,
+        with their distribution rows. Whether a row qualifies depends on the ahead draft's tokens up to the
+        end of what was emitted, never on those after it, so those after it are still distributed as the
+        drafter draws them after the emitted tokens: a proposal like any other."""
         out = {}
-        for r, held, last in zip(rows, cached, ahead):
+        for r, held, drafted, drafted_rows in zip(rows, cached, ahead.tokens, ahead.rows):
             new = emitted[r.row_id]
-            guessed = [*held, last[-1]]
-            if r.finish_reason is not None or not new or guessed[: len(new)] != new or len(guessed) <= len(new):
+            guessed = [*held, drafted[-1]]
+            start = len(new) - (len(guessed) - len(drafted))   # where the next proposal starts in the ahead draft
+            if (r.finish_reason is not None or not new or guessed[: len(new)] != new or len(guessed) <= len(new)
+                    or start < 0):
                 continue
-            out[r.row_id] = AheadProposal(guessed[len(new): len(new) + window], held[len(new):])
+            out[r.row_id] = AheadProposal(guessed[len(new): len(new) + window], held[len(new):],
+                                          None if drafted_rows is None else drafted_rows[start: start + window])
         return Ahead(chain, window, self.state_ids[chain[0]], out) if out else None
 
     @staticmethod

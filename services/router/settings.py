@@ -40,7 +40,7 @@ class RouterSettings(BaseSettings):
     default_window: int = 4             # draft window of those requests
     adaptive: bool = True               # "auto" requests are scheduled; false: the default chain and window
     # the drafter, a worker in another process, drafts the next window while the levels above verify this
-    # one (greedy and coupled rows; docs/pipelined.md): pays where each worker has compute of its own
+    # one (docs/pipelined.md): pays where each worker has compute of its own
     pipelined: bool = False
     # the scheduler's knobs: --scheduler '{"hysteresis": 0.05}' or SPECROUTER_ROUTER_SCHEDULER__HYSTERESIS=0.05
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)

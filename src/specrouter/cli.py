@@ -179,8 +179,8 @@ def up(
                                           "router's own process instead of one worker process each: no RPC per "
                                           "chain level, faster where the models share one host's cores."),
     pipelined: bool = typer.Option(False, "--pipelined", help="The drafter drafts the next window while the "
-                                   "levels above verify this one (greedy and seeded requests); pays where each "
-                                   "worker has a device or cores of its own (docs/pipelined.md)."),
+                                   "levels above verify this one; pays where each worker has a device or "
+                                   "cores of its own (docs/pipelined.md)."),
 ) -> None:
     """Start the embedded default: a profiler, one worker per pool model, a router and the OpenAI-compatible
     HTTP gateway, on localhost (with --models-in-router, no workers: the router holds the models).

@@ -9,12 +9,14 @@ drafter that is always wrong; and one that is lost in the middle of a request.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from specrouter.client import Client
@@ -31,7 +33,9 @@ from specrouter.router.row import Row
 from specrouter.router.settings import RouterSettings
 from specrouter.worker.engine import WorkerEngine
 from specrouter.worker.forward import ModelForward
-from tests.conftest import DEMO_POOL, TINY_VOCAB, tiny_llama
+from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
+from tests.conftest import DEMO_POOL, TINY_VOCAB, tiny_engines, tiny_llama
+from tests.stats import chi_square_p_value
 
 CONTEXT = 256
 TARGET_SHAPE = (3, 64, 2)   # the tiny pool's target: seed, hidden size, layers (tests/conftest.py)
@@ -237,15 +241,14 @@ def test_coupled_rows_pipeline_and_keep_their_seeded_tokens(tiny_pool, twin, kin
         assert sum(r.from_ahead for r in reports) >= len(reports) // 2
 
 
-def test_speculatively_sampled_rows_run_lock_step(tiny_pool) -> None:
-    """A proposal drawn by speculative sampling travels with its distribution rows: such a batch does not
-    draft ahead, and emits what the lock-step chain emits for the same seeds."""
+def test_sampled_rows_draft_ahead_too(tiny_pool) -> None:
+    """Speculatively sampled rows, joining and leaving, draft ahead as well, and every row ends with the
+    tokens it asked for (their distribution: the chi-square tests below)."""
     params = [SamplingParams(temperature=0.9, seed=7 + i) for i in range(len(PROMPTS))]
     workers = {"d": InAnotherProcess(tiny_pool["s"]), "t": tiny_pool["t"]}
-    lock_step = run_joining(workers, ("d", "t"), 3, params, pipelined=False)[0]
     outputs, reports = run_joining(workers, ("d", "t"), 3, params)
-    assert outputs == lock_step
-    assert not any(r.ahead is not None or r.from_ahead for r in reports)
+    assert [len(outputs[f"r{i}"]) for i in range(len(PROMPTS))] == MAX_NEW
+    assert all(r.ahead is not None and r.ahead.rows[0] is not None for r in reports)
 
 
 def test_no_ahead_draft_for_a_drafter_in_this_process(tiny_pool, reference) -> None:
@@ -353,3 +356,89 @@ def test_up_refuses_pipelining_the_models_in_the_router(tmp_path) -> None:
     assert done.returncode == 1
     assert "INVALID_ARGUMENT" in done.stderr and "drop one of them" in done.stderr
     assert not list(tmp_path.iterdir())   # refused before any service started
+
+
+# -- sampled rows keep the target's distribution ---------------------------------------------------------------
+
+SAMPLED_VOCAB, SAMPLED_PROMPT, SAMPLED_TOKENS, SAMPLES = 4, [1, 2, 3], 3, 2000
+P_THRESHOLD = 1e-4   # each chi-square assertion's false-positive rate
+
+
+@pytest.fixture(scope="module")
+def peaked():
+    return tiny_engines(vocab=SAMPLED_VOCAB, sharpness=16.0)   # peaked, disagreeing distributions
+
+
+@pytest.fixture(scope="module")
+def peaked_twin() -> WorkerEngine:
+    """A copy of the peaked pool's target: its guesses are right as often as the target's own picks agree
+    with themselves, so most second cycles take the ahead draft's proposal."""
+    return WorkerEngine("twin", ModelForward(tiny_llama(*TARGET_SHAPE, vocab=SAMPLED_VOCAB, sharpness=16.0)))
+
+
+def exact_joint3(model, params: SamplingParams) -> torch.Tensor:
+    """P(a, b, c | prompt) under the target: [V, V, V]."""
+    s = BatchSampling([params], torch.device("cpu"))
+    v = SAMPLED_VOCAB
+
+    def probs(prefix: list[int]) -> torch.Tensor:
+        history = torch.tensor([prefix])
+        logits = model(input_ids=history).logits[0, -1:].float()
+        return next_token_probs(logits, s, token_presence(history, torch.ones_like(history, dtype=torch.bool), v))[0]
+
+    with torch.inference_mode():
+        first = probs(SAMPLED_PROMPT)
+        return torch.stack([torch.stack([first[a] * second[b] * probs([*SAMPLED_PROMPT, a, b])
+                                         for b in range(v)])
+                            for a in range(v) for second in [probs([*SAMPLED_PROMPT, a])]])
+
+
+class WrongAheadRows(ChainBatch):
+    """A deliberately broken pipeline: the ahead draft's proposals travel with rows that are not the
+    distribution they were drawn from (uniform ones)."""
+
+    def _next_ahead(self, chain, window, rows, emitted, cached, ahead):
+        uniform = [None if q is None else torch.full_like(q, 1.0 / q.shape[-1]) for q in ahead.rows]
+        return super()._next_ahead(chain, window, rows, emitted, cached, StepResult(tokens=ahead.tokens, rows=uniform))
+
+
+def sample_pipelined(engines, drafter: WorkerEngine, params: SamplingParams, batch_class=ChainBatch,
+                     ) -> tuple[torch.Tensor, int]:
+    """Counts [V, V, V] of the three new tokens of SAMPLES requests, one seed each, one at a time through a
+    pipelined drafter -> t chain at window 1 (the second cycle takes the ahead draft's proposal whenever the
+    first accepted the drafter's token and t's own token is the drafter's next guess); and how many cycles
+    took one."""
+    workers = {"s": InAnotherProcess(drafter), "t": engines["t"]}
+    counts, taken = torch.zeros(SAMPLED_VOCAB, SAMPLED_VOCAB, SAMPLED_VOCAB), 0
+    for seed in range(SAMPLES):
+        row = Row("r", list(SAMPLED_PROMPT), len(SAMPLED_PROMPT), dataclasses.replace(params, seed=seed), SAMPLED_TOKENS)
+        batch = batch_class(workers, "t", CONTEXT, pipelined=True)
+        batch.add([row])
+        while row.finish_reason is None:
+            taken += batch.step(("s", "t"), 1).from_ahead
+        batch.release()
+        counts[tuple(row.generated)] += 1
+    return counts, taken
+
+
+@pytest.mark.slow   # SAMPLES requests one at a time
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
+                                    SamplingParams(temperature=0.8, top_k=5, top_p=0.9, repetition_penalty=1.2)],
+                         ids=["plain", "processors"])
+def test_sampled_rows_through_a_pipelined_chain_keep_the_targets_distribution(peaked, peaked_twin, params) -> None:
+    """With a twin of the target drafting, most second cycles take the ahead draft's proposal (a smaller
+    drafter disagrees too often with these peaked distributions for that)."""
+    expected = exact_joint3(peaked["t"].forward.model, params)
+    counts, taken = sample_pipelined(peaked, peaked_twin, params)
+    assert taken > SAMPLES // 3   # the ahead draft's proposals were checked, not only the lock-step path
+    assert chi_square_p_value(counts, expected) > P_THRESHOLD
+
+
+@pytest.mark.slow
+def test_the_same_test_fails_for_proposals_with_the_wrong_rows(peaked, peaked_twin) -> None:
+    """Power control: ahead proposals checked against rows other than those they were drawn from. (Rows
+    left out altogether would not do: a proposal checked as a point mass keeps the target's distribution
+    whatever it was drawn from, as the lookup's do.)"""
+    params = SamplingParams(temperature=1.0)
+    counts, _ = sample_pipelined(peaked, peaked_twin, params, WrongAheadRows)
+    assert chi_square_p_value(counts, exact_joint3(peaked["t"].forward.model, params)) < P_THRESHOLD
