@@ -2,6 +2,7 @@
 
     python -m benchmarks.pipelined --prompts P.jsonl [--kinds code,repetitive] [--worker-threads 1]
                                    [--chains stdlib-1m,stdlib-29m:3,stdlib-1m,stdlib-29m:4] [--rounds 3]
+                                   [--device cuda] [--dtype float16]
 
 Starts a local cluster (a worker process per model, as `specrouter up`) and a second router over the same
 workers with `--pipelined true`, so both run on the same processes and the same cores; then, per kind of
@@ -14,7 +15,9 @@ ahead drafts the next cycle took and how many were thrown away, with the drafter
 those.
 
 `--worker-threads 1` gives every worker one PyTorch thread (by default the target has one per core and the
-other models one each), so that the levels running at once do not take each other's cores.
+other models one each), so that the levels running at once do not take each other's cores. `--device
+cuda` runs every worker on the GPU (all on one device, as `specrouter up --device cuda` does); a GPU per
+worker is the deployment pipelining is for (the `a100` overlay).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--worker-threads", type=int, default=0, help="PyTorch threads of every worker (0: the "
                         "launcher's default: the target one per core, the others one)")
+    parser.add_argument("--device", default="cpu", help="the workers' device: cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="float32", help="the workers' dtype: float32, float16 or bfloat16")
     args = parser.parse_args()
     rows = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
     kinds = args.kinds.split(",")
@@ -78,10 +83,11 @@ def main() -> None:
     chains = [*parse_chains(args.chains), (pool.target, 0)]
     env = {"SPECROUTER_WORKER_TORCH_THREADS": str(args.worker_threads)} if args.worker_threads else None
     threads = f"{args.worker_threads} each" if args.worker_threads else "the target's default, the others' 1"
-    print(f"{machine_line()}; workers' PyTorch threads: {threads}", flush=True)
+    print(f"{machine_line()}; workers on {args.device} in {args.dtype}, PyTorch threads: {threads}", flush=True)
 
     log_dir = Path(tempfile.mkdtemp(prefix="pipelined-"))
-    cluster = LocalCluster(args.pool, log_dir, router_args=[*MEASURING_ROUTER_ARGS], env=env, gateway_port=None)
+    cluster = LocalCluster(args.pool, log_dir, router_args=[*MEASURING_ROUTER_ARGS], env=env, gateway_port=None,
+                           device=args.device, dtype=args.dtype)
     try:
         pipelined = second_router(cluster, args.pool, log_dir, [*MEASURING_ROUTER_ARGS, "--pipelined", "true"])
         clients = {"lock-step": Client(cluster.router.address), "pipelined": Client(pipelined.address)}
