@@ -1,4 +1,5 @@
-"""A chi-square goodness-of-fit test, for tests whose assertion is statistical."""
+"""A chi-square goodness-of-fit test, for tests whose assertion is statistical, and the exact distribution
+of a model's next tokens to test against."""
 
 from __future__ import annotations
 
@@ -23,3 +24,26 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     stat = ((counts - expected) ** 2 / expected).sum()
     dof = counts.numel() - 1
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.double), stat / 2))
+
+
+def exact_joint(model, params, prompt: list[int], tokens: int) -> torch.Tensor:
+    """P(t1, ..., tn | prompt) of a causal LM's next `tokens` tokens under the request's logits processors
+    (`params`, a SamplingParams): [V] * tokens, from one forward pass per prefix."""
+    from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
+
+    s = BatchSampling([params], torch.device("cpu"))
+
+    def probs(prefix: list[int]) -> torch.Tensor:
+        history = torch.tensor([prefix])
+        logits = model(input_ids=history).logits[0, -1:].float()
+        vocab = logits.shape[-1]
+        return next_token_probs(logits, s, token_presence(history, torch.ones_like(history, dtype=torch.bool), vocab))[0]
+
+    def joint(prefix: list[int], left: int) -> torch.Tensor:
+        p = probs(prefix)
+        if left == 1:
+            return p
+        return torch.stack([p[t] * joint([*prefix, t], left - 1) for t in range(p.numel())])
+
+    with torch.inference_mode():
+        return joint(list(prompt), tokens)

@@ -92,12 +92,11 @@ class AheadProposal:
 
 @dataclass(frozen=True)
 class Ahead:
-    """The next cycle's proposals that an ahead draft left, valid for the same chain and window on the same
-    drafter state."""
+    """The next cycle's proposals that an ahead draft left, valid for the same chain and window (a rebuilt,
+    moved or dropped drafter state clears them)."""
 
     chain: tuple[str, ...]
     window: int
-    state_id: str
     rows: dict[str, AheadProposal]
 
 
@@ -416,10 +415,11 @@ class ChainBatch:
 
     def _ahead_for(self, chain: tuple[str, ...], window: int, rows: Sequence[Row]) -> list[AheadProposal] | None:
         """The rows' proposals from the last cycle's ahead draft, if it left one for every row and this cycle
-        runs the same chain and window on the same drafter state; None otherwise (the drafter drafts)."""
+        runs the same chain and window; None otherwise (the drafter drafts). The drafter's state is the one
+        the ahead draft left: a rebuild (`_resync`, which runs before this for a stale model), a move and a
+        dropped model clear `_ahead`."""
         ahead = self._ahead
-        if (ahead is None or ahead.chain != chain or ahead.window != window or chain[0] in self._stale
-                or ahead.state_id != self.state_ids.get(chain[0])):
+        if ahead is None or ahead.chain != chain or ahead.window != window:
             return None
         found = [ahead.rows.get(r.row_id) for r in rows]
         return None if any(a is None for a in found) else found
@@ -486,7 +486,7 @@ class ChainBatch:
                 continue
             out[r.row_id] = AheadProposal(guessed[len(new): len(new) + window], held[len(new):],
                                           None if drafted_rows is None else drafted_rows[start: start + window])
-        return Ahead(chain, window, self.state_ids[chain[0]], out) if out else None
+        return Ahead(chain, window, out) if out else None
 
     @staticmethod
     def _abandon(rows: Sequence[Row], processed: Mapping[str, list[list[int]]]) -> None:

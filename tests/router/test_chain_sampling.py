@@ -15,8 +15,8 @@ import torch
 from specrouter.router.chain import ChainBatch, run_to_completion
 from specrouter.router.row import Row
 from specrouter.contract.calls import SamplingParams
-from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
 from tests.conftest import tiny_engines
+from tests import stats
 from tests.stats import chi_square_p_value
 
 VOCAB = 8
@@ -33,14 +33,7 @@ def engines():
 
 def exact_joint(model, params: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
     """P(a, b | prompt) under the target with the request's processors: [VOCAB, VOCAB]."""
-    s = BatchSampling([params], torch.device("cpu"))
-    with torch.inference_mode():
-        def probs(prefix: list[int]) -> torch.Tensor:
-            logits = model(input_ids=torch.tensor([prefix])).logits[0, -1:].float()
-            history = torch.tensor([prefix])
-            return next_token_probs(logits, s, token_presence(history, torch.ones_like(history, dtype=torch.bool), VOCAB))[0]
-        first = probs(prompt)
-        return torch.stack([first[a] * probs(prompt + [a]) for a in range(VOCAB)])
+    return stats.exact_joint(model, params, prompt, NEW_TOKENS)
 
 
 def sample_chain(engines, chain, window, params: SamplingParams, prompt: list[int] = PROMPT,

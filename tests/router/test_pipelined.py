@@ -27,15 +27,16 @@ from specrouter.pool.prompts import heldout_code_prompts
 from specrouter.router.batcher import Batcher
 from specrouter.router.chain import AHEAD_STREAM_LEVEL, ChainBatch
 from specrouter.router.cycle_report import CycleReport
-from specrouter.router.handles import Failed, Finished
+from specrouter.router.handles import Finished
 from specrouter.router.requests import GenerationRequest
 from specrouter.router.row import Row
 from specrouter.router.settings import RouterSettings
 from specrouter.worker.engine import WorkerEngine
 from specrouter.worker.forward import ModelForward
-from specrouter.worker.sampling import BatchSampling, next_token_probs, token_presence
 from tests.conftest import DEMO_POOL, TINY_VOCAB, tiny_engines, tiny_llama
-from tests.stats import chi_square_p_value
+from tests.router.test_row_isolation import outcome
+from tests.router.test_worker_failover import Prefer
+from tests.stats import chi_square_p_value, exact_joint
 
 CONTEXT = 256
 TARGET_SHAPE = (3, 64, 2)   # the tiny pool's target: seed, hidden size, layers (tests/conftest.py)
@@ -275,32 +276,15 @@ def test_removing_a_row_mid_pipeline_frees_it_on_every_worker(tiny_pool, twin) -
     assert state not in twin.state_ids() and state not in tiny_pool["t"].state_ids()
 
 
-def _outcome(handle, timeout: float = 120.0):
-    while True:
-        event = handle.events.get(timeout=timeout)
-        if isinstance(event, (Failed, Finished)):
-            return event
-
-
-class _Prefer:
-    """The first of `chains` whose models the batch still has, at window 3."""
-
-    def __init__(self, *chains):
-        self.chains = chains
-
-    def choose(self, batch, chain, window):
-        return next(c for c in self.chains if set(c) <= set(batch.workers)), 3
-
-
 def test_a_drafter_lost_mid_request_leaves_the_output_exact(tiny_pool, twin, reference) -> None:
     """The drafter goes away after five draft calls, an ahead draft among them: the batch rebuilds its state
     once, finds it gone, and goes on without it, through the batcher as a router runs it."""
     drafter = InAnotherProcess(twin, drafts_before_lost=5)
     pool = {"d": drafter, "t": tiny_pool["t"]}
-    batcher = Batcher(pool, "t", CONTEXT, None, chooser=_Prefer(("d", "t"), ("t",)), pipelined=True)
+    batcher = Batcher(pool, "t", CONTEXT, None, chooser=Prefer(("d", "t"), ("t",)), pipelined=True)
     batcher.start()
     try:
-        done = _outcome(batcher.submit(GenerationRequest(PROMPTS[0], SamplingParams(), MAX_NEW[0])))
+        done = outcome(batcher.submit(GenerationRequest(PROMPTS[0], SamplingParams(), MAX_NEW[0])))
     finally:
         batcher.stop()
     assert isinstance(done, Finished), done
@@ -376,23 +360,6 @@ def peaked_twin() -> WorkerEngine:
     return WorkerEngine("twin", ModelForward(tiny_llama(*TARGET_SHAPE, vocab=SAMPLED_VOCAB, sharpness=16.0)))
 
 
-def exact_joint3(model, params: SamplingParams) -> torch.Tensor:
-    """P(a, b, c | prompt) under the target: [V, V, V]."""
-    s = BatchSampling([params], torch.device("cpu"))
-    v = SAMPLED_VOCAB
-
-    def probs(prefix: list[int]) -> torch.Tensor:
-        history = torch.tensor([prefix])
-        logits = model(input_ids=history).logits[0, -1:].float()
-        return next_token_probs(logits, s, token_presence(history, torch.ones_like(history, dtype=torch.bool), v))[0]
-
-    with torch.inference_mode():
-        first = probs(SAMPLED_PROMPT)
-        return torch.stack([torch.stack([first[a] * second[b] * probs([*SAMPLED_PROMPT, a, b])
-                                         for b in range(v)])
-                            for a in range(v) for second in [probs([*SAMPLED_PROMPT, a])]])
-
-
 class WrongAheadRows(ChainBatch):
     """A deliberately broken pipeline: the ahead draft's proposals travel with rows that are not the
     distribution they were drawn from (uniform ones)."""
@@ -428,7 +395,7 @@ def sample_pipelined(engines, drafter: WorkerEngine, params: SamplingParams, bat
 def test_sampled_rows_through_a_pipelined_chain_keep_the_targets_distribution(peaked, peaked_twin, params) -> None:
     """With a twin of the target drafting, most second cycles take the ahead draft's proposal (a smaller
     drafter disagrees too often with these peaked distributions for that)."""
-    expected = exact_joint3(peaked["t"].forward.model, params)
+    expected = exact_joint(peaked["t"].forward.model, params, SAMPLED_PROMPT, SAMPLED_TOKENS)
     counts, taken = sample_pipelined(peaked, peaked_twin, params)
     assert taken > SAMPLES // 3   # the ahead draft's proposals were checked, not only the lock-step path
     assert chi_square_p_value(counts, expected) > P_THRESHOLD
@@ -441,4 +408,4 @@ def test_the_same_test_fails_for_proposals_with_the_wrong_rows(peaked, peaked_tw
     whatever it was drawn from, as the lookup's do.)"""
     params = SamplingParams(temperature=1.0)
     counts, _ = sample_pipelined(peaked, peaked_twin, params, WrongAheadRows)
-    assert chi_square_p_value(counts, exact_joint3(peaked["t"].forward.model, params)) < P_THRESHOLD
+    assert chi_square_p_value(counts, exact_joint(peaked["t"].forward.model, params, SAMPLED_PROMPT, SAMPLED_TOKENS)) < P_THRESHOLD
