@@ -4,11 +4,12 @@
                                    [--chains stdlib-1m,stdlib-29m:3,stdlib-1m,stdlib-29m:4] [--rounds 3]
                                    [--device cuda] [--dtype float16]
 
-Starts a local cluster (a worker process per model, as `specrouter up`) and a second router over the same
-workers with `--pipelined true`, so both run on the same processes and the same cores; then, per kind of
-prompt (a `benchmarks.lookup --write-prompts` file) and chain, sends the prompts one at a time (batch 1,
-greedy, 64 new tokens) to one router and then the other, alternating which goes first each round, and
-target-only to the lock-step router as the baseline. Prints the machine line, tokens/s (median of the
+Starts a local cluster (a worker process per model, as `specrouter up`) and two more routers over the same
+workers, one with `--pipelined always` and one with `--pipelined auto` (pipelined where it measures faster
+than lock-step), so all three run on the same processes and the same cores; then, per kind of prompt (a
+`benchmarks.lookup --write-prompts` file) and chain, sends the prompts one at a time (batch 1, greedy, 64
+new tokens) to each router in turn, rotating which goes first each round, and target-only to the lock-step
+router as the baseline. Prints the machine line, tokens/s (median of the
 rounds, min-max) and each configuration's breakdown per cycle: every level's round trip and forward passes,
 the ahead draft's (run beside the verifiers: the drafter's time busy while the target works), and how many
 ahead drafts the next cycle took and how many were thrown away, with the drafter's forward time spent on
@@ -37,6 +38,7 @@ from specrouter.report.machine import machine_line
 
 DEFAULT_POOL = Path(__file__).resolve().parents[1] / "models" / "demo-pool"
 NEW_TOKENS = 64
+MODES = ("lock-step", "always", "auto")   # the routers: --pipelined off, always, auto
 
 
 def parse_chains(text: str) -> list[tuple[str, int]]:
@@ -53,14 +55,15 @@ def parse_chains(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def second_router(cluster: LocalCluster, pool_dir: Path, log_dir: Path, extra: list[str]) -> ServiceProcess:
+def another_router(cluster: LocalCluster, pool_dir: Path, log_dir: Path, extra: list[str],
+                  name: str) -> ServiceProcess:
     """A router over the cluster's workers and profiler with its own flags."""
     pool = PoolDir.open(pool_dir)
     workers = [s.address for s in cluster.services if s.name.startswith("worker-")]
     router = ServiceProcess("specrouter.router", "--workers", ",".join(workers), "--tokenizer-dir",
                             str(pool.model_dir(pool.target)), "--target", pool.target, "--profiler",
                             cluster.profiler.address, "--port", "0", "--pool-dir", str(pool_dir), *extra,
-                            log_dir=log_dir, name="router-pipelined")
+                            log_dir=log_dir, name=name)
     cluster.services.append(router)   # stopped with the cluster
     return router
 
@@ -89,8 +92,11 @@ def main() -> None:
     cluster = LocalCluster(args.pool, log_dir, router_args=[*MEASURING_ROUTER_ARGS], env=env, gateway_port=None,
                            device=args.device, dtype=args.dtype)
     try:
-        pipelined = second_router(cluster, args.pool, log_dir, [*MEASURING_ROUTER_ARGS, "--pipelined", "true"])
-        clients = {"lock-step": Client(cluster.router.address), "pipelined": Client(pipelined.address)}
+        clients = {"lock-step": Client(cluster.router.address)}
+        for mode in MODES[1:]:
+            router = another_router(cluster, args.pool, log_dir, [*MEASURING_ROUTER_ARGS, "--pipelined", mode],
+                                   f"router-{mode}")
+            clients[mode] = Client(router.address)
         for client in clients.values():   # every model warm on every router's path
             for chain, window in chains:
                 client.generate("def f(x):\n    return", max_new_tokens=16, chain=chain, window=window)
@@ -100,7 +106,7 @@ def main() -> None:
             for kind in kinds:
                 prompts = [row["prompt"] for row in rows if row["kind"] == kind]
                 for chain, window in chains:
-                    names = ["lock-step"] if window == 0 else ["lock-step", "pipelined"][:: 1 if r % 2 == 0 else -1]
+                    names = ["lock-step"] if window == 0 else [*MODES[r % 3:], *MODES[:r % 3]]
                     for name in names:
                         key, tokens, started = (kind, chain, window, name), 0, time.perf_counter()
                         for prompt in prompts:
@@ -136,8 +142,9 @@ def main() -> None:
             print(line, flush=True)
         for kind in kinds:
             for chain, window in chains[:-1]:
-                lock, pipe = (statistics.median(speeds[(kind, chain, window, n)]) for n in ("lock-step", "pipelined"))
-                print(f"{kind} {chain} W{window}: pipelined/lock-step {pipe / lock:.2f}x")
+                lock, always, auto = (statistics.median(speeds[(kind, chain, window, n)]) for n in MODES)
+                print(f"{kind} {chain} W{window}: always/lock-step {always / lock:.2f}x, auto/lock-step "
+                      f"{auto / lock:.2f}x, auto/the faster of the two {auto / max(lock, always):.2f}x")
     finally:
         cluster.stop()
 

@@ -43,6 +43,7 @@ from specrouter.router.handles import CancelledError, Emitted, Failed, Finished,
 from specrouter.router.health import ModelUnavailable, WorkerHealth
 from specrouter.router.joining import Joining
 from specrouter.router.orphans import Orphans
+from specrouter.router.pipelining import PipelineGate
 from specrouter.router.placement import Placement
 from specrouter.router.recovery import Recovery
 from specrouter.router.replicas import ReplicaSet
@@ -73,14 +74,16 @@ class Batcher:
                  eos_token_id: int | None, *, chooser: ChainChooser | None = None,
                  observers: Sequence[CycleObserver] = (), decode: Decode | None = None, prompt_positions: int = 0,
                  health: WorkerHealth | None = None, target_wait_s: float = 0.0,
-                 levels: Mapping[str, Worker] | None = None, pipelined: bool = False):
+                 levels: Mapping[str, Worker] | None = None, pipelined: bool | PipelineGate = False):
         # one worker per model, or every replica of each (a router's)
         self.replicas = workers if isinstance(workers, ReplicaSet) else ReplicaSet.fixed(workers)
         self.health = health or WorkerHealth(self.replicas, target)
         self.placement = Placement(self.replicas, self.health, target)
         self.levels = dict(levels or {})
         self.prompt_positions = prompt_positions   # prompt positions the models' guesses are compared on
-        self.pipelined = pipelined   # batches whose drafter drafts ahead while the levels above verify
+        # batches whose drafter drafts ahead while the levels above verify: always, or where the gate measures
+        # it faster (one gate for every batch)
+        self.pipelined = pipelined
         self.target = target
         self.context_length = context_length
         self.stop_tokens = frozenset() if eos_token_id is None else frozenset({eos_token_id})

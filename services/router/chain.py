@@ -44,6 +44,7 @@ from specrouter.router.failures import (RowsFailed, StateOutOfLine, WorkerCallFa
 from specrouter.router.cycle_report import CycleReport
 from specrouter.router.lookup import LookupProposer, shadow_checks
 from specrouter.router.orphans import Orphans
+from specrouter.router.pipelining import PipelineGate
 from specrouter.router.row import Row, prompt_agreement
 from specrouter.router.workers import Worker
 from specrouter.contract.calls import DistributionRows, RowStep, StepResult, VerifyRow
@@ -110,7 +111,7 @@ class ChainBatch:
 
     def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int,
                  state_id: str | None = None, prompt_positions: int = 0, orphans: Orphans | None = None,
-                 pipelined: bool = False):
+                 pipelined: bool | PipelineGate = False):
         if target not in workers:
             raise ValueError(f"target {target!r} is not among the workers {sorted(workers)}")
         if prompt_positions < 0:
@@ -130,9 +131,11 @@ class ChainBatch:
         # bounds set when a worker ran out of memory on this batch (None: none)
         self.max_rows: int | None = None
         self.max_window: int | None = None
-        # the drafter drafts ahead while the levels above verify (where it runs in another process)
+        # the drafter drafts ahead while the levels above verify (where it runs in another process): in
+        # every cycle, or in those where the gate measures it faster than lock-step
         self.pipelined = pipelined
         self._ahead: Ahead | None = None   # what the last cycle's ahead draft left for the next one
+        self._ahead_ran: tuple[tuple[str, ...], int] | None = None   # the chain and window of the last one
 
     def room(self) -> int | None:
         """How many more rows may join (None: no bound)."""
@@ -351,7 +354,9 @@ class ChainBatch:
         processed[drafter] = cached
         drafted = proposal
         # the ahead draft goes out now, and runs while the levels above verify
-        running_ahead = self._start_ahead(chain, window, rows, proposal, cached, room) if self.pipelined else None
+        gate = self.pipelined if isinstance(self.pipelined, PipelineGate) else None
+        pipeline = gate.wants(chain, window, len(rows)) if gate is not None else self.pipelined
+        running_ahead = self._start_ahead(chain, window, rows, proposal, cached, room) if pipeline else None
 
         try:
             self._verify_levels(chain, rows, room, proposal, proposal_rows, results, call_ns, accepted, proposed,
@@ -381,9 +386,15 @@ class ChainBatch:
             r.cycle += 1
         for model in chain:
             self._resyncs.pop(model, None)
-        return CycleReport(chain, window, emitted, accepted, proposed, results, call_ns,
-                           model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow,
-                           from_ahead=ahead is not None, ahead=ahead_result, ahead_ns=ahead_ns)
+        report = CycleReport(chain, window, emitted, accepted, proposed, results, call_ns,
+                             model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow,
+                             from_ahead=ahead is not None, ahead=ahead_result, ahead_ns=ahead_ns)
+        after_ahead, self._ahead_ran = self._ahead_ran == (chain, window), None
+        if ahead_result is not None:
+            self._ahead_ran = (chain, window)
+        if gate is not None:
+            gate.observe(report, len(rows), after_ahead)
+        return report
 
     def _verify_levels(self, chain, rows, room, proposal, proposal_rows, results, call_ns, accepted, proposed,
                        processed) -> None:

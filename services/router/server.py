@@ -26,6 +26,7 @@ from specrouter.router.failures import OutOfMemory, RowFailed, WorkerCallFailed,
 from specrouter.router.health import ModelUnavailable
 from specrouter.router.lookup import LOOKUP, LookupProposer
 from specrouter.router.measurements import Reporter, SnapshotCache
+from specrouter.router.pipelining import PipelineGate
 from specrouter.router.prometheus import RouterMetrics
 from specrouter.router.remote import RemoteWorker
 from specrouter.router.replicas import PoolMismatch, ReplicaSet, WorkerAddress
@@ -119,7 +120,8 @@ class Router:
                                chooser=self.chooser, observers=observers, decode=self.tokenizer.decode,
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
                                target_wait_s=settings.target_wait_s, levels=self.levels,
-                               pipelined=settings.pipelined)
+                               pipelined=PipelineGate() if settings.pipelined == "auto"
+                               else settings.pipelined == "always")
 
     def start(self) -> None:
         self.replicas.start()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from specrouter.router.scheduling.settings import SchedulerSettings
@@ -40,8 +40,9 @@ class RouterSettings(BaseSettings):
     default_window: int = 4             # draft window of those requests
     adaptive: bool = True               # "auto" requests are scheduled; false: the default chain and window
     # the drafter, a worker in another process, drafts the next window while the levels above verify this
-    # one (docs/pipelined.md): pays where each worker has compute of its own
-    pipelined: bool = False
+    # one (docs/pipelined.md): "auto" where the router measures it faster than lock-step (it pays where each
+    # worker has compute of its own), "always" in every cycle, "off" never (true and false mean auto and off)
+    pipelined: Literal["off", "auto", "always"] = "off"
     # the scheduler's knobs: --scheduler '{"hysteresis": 0.05}' or SPECROUTER_ROUTER_SCHEDULER__HYSTERESIS=0.05
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     default_max_new_tokens: int = Field(64, ge=1)
@@ -87,6 +88,12 @@ class RouterSettings(BaseSettings):
 
     env_only: ClassVar[frozenset[str]] = frozenset({"auth_token"})   # fields with no flag
 
+    @field_validator("pipelined", mode="before")
+    @classmethod
+    def _pipelined_mode(cls, value: object) -> object:
+        text = str(value).strip().lower()
+        return {"true": "auto", "1": "auto", "yes": "auto", "false": "off", "0": "off", "no": "off"}.get(text, text)
+
     @model_validator(mode="after")
     def _limits_agree(self) -> RouterSettings:
         if self.models_in_process and self.pool_dir is None:
@@ -95,7 +102,7 @@ class RouterSettings(BaseSettings):
         if self.models_in_process and self.workers:
             raise ValueError("models_in_process serves the pool's models in the router itself; it takes no "
                              f"workers, got {self.workers}: drop {setting_hint('workers')} or models_in_process")
-        if self.models_in_process and self.pipelined:
+        if self.models_in_process and self.pipelined != "off":
             raise ValueError("pipelined runs the drafter beside the levels above it, on workers in other processes; "
                              "with models_in_process every level runs on the router's one compute thread, one after "
                              f"another: drop {setting_hint('pipelined')} or models_in_process")

@@ -178,9 +178,10 @@ def up(
     models_in_router: bool = typer.Option(False, "--models-in-router", help="Serve the pool's models in the "
                                           "router's own process instead of one worker process each: no RPC per "
                                           "chain level, faster where the models share one host's cores."),
-    pipelined: bool = typer.Option(False, "--pipelined", help="The drafter drafts the next window while the "
-                                   "levels above verify this one; pays where each worker has a device or "
-                                   "cores of its own (docs/pipelined.md)."),
+    pipelined: str = typer.Option("off", "--pipelined", metavar="off|auto|always", help="The drafter drafts the "
+                                  "next window while the levels above verify this one: auto where the router "
+                                  "measures it faster than lock-step (it pays where each worker has a device or "
+                                  "cores of its own), always in every cycle (docs/pipelined.md)."),
 ) -> None:
     """Start the embedded default: a profiler, one worker per pool model, a router and the OpenAI-compatible
     HTTP gateway, on localhost (with --models-in-router, no workers: the router holds the models).
@@ -201,11 +202,13 @@ def up(
         client_tls(tls_ca, tls_cert, tls_key)   # each file readable, before any service starts
         tls = ClusterTLS(tls_ca.resolve(), tls_cert.resolve(), tls_key.resolve())
     router_args = ["--auth-token-file", str(auth_token_file.resolve())] if auth_token_file else []
-    if pipelined and models_in_router:
+    if pipelined not in ("off", "auto", "always"):
+        fail("INVALID_ARGUMENT", f"--pipelined takes off, auto or always, got {pipelined!r}")
+    if pipelined != "off" and models_in_router:
         fail("INVALID_ARGUMENT", "--pipelined runs the drafter's worker beside the verifiers'; with "
              "--models-in-router every level runs on the router's one compute thread: drop one of them")
-    if pipelined:
-        router_args += ["--pipelined", "true"]
+    if pipelined != "off":
+        router_args += ["--pipelined", pipelined]
     if gateway_port is None:
         gateway_port = 0 if port == 0 else DEFAULT_GATEWAY_PORT
 

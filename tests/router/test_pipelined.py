@@ -296,14 +296,20 @@ def test_a_drafter_lost_mid_request_leaves_the_output_exact(tiny_pool, twin, ref
 
 
 def test_settings_refuse_pipelining_the_models_in_the_router(tmp_path) -> None:
-    with pytest.raises(ValidationError, match="drop --pipelined .*or models_in_process"):
-        RouterSettings(tokenizer_dir=tmp_path, models_in_process=True, pool_dir=tmp_path, pipelined=True)
-    assert RouterSettings(tokenizer_dir=tmp_path, workers=["h:1"], pipelined=True).pipelined
+    for mode in (True, "auto", "always"):
+        with pytest.raises(ValidationError, match="drop --pipelined .*or models_in_process"):
+            RouterSettings(tokenizer_dir=tmp_path, models_in_process=True, pool_dir=tmp_path, pipelined=mode)
+    modes = {given: RouterSettings(tokenizer_dir=tmp_path, workers=["h:1"], pipelined=given).pipelined
+             for given in (True, "true", False, "false", "auto", "Always", "off")}
+    assert modes == {True: "auto", "true": "auto", False: "off", "false": "off", "auto": "auto", "Always": "always",
+                     "off": "off"}
+    with pytest.raises(ValidationError, match="pipelined"):
+        RouterSettings(tokenizer_dir=tmp_path, workers=["h:1"], pipelined="sometimes")
 
 
 @pytest.fixture(scope="module")
 def pipelined_cluster(tmp_path_factory):
-    cluster = LocalCluster(DEMO_POOL, tmp_path_factory.mktemp("logs"), router_args=["--pipelined", "true"],
+    cluster = LocalCluster(DEMO_POOL, tmp_path_factory.mktemp("logs"), router_args=["--pipelined", "always"],
                            gateway_port=None)
     try:
         yield cluster
@@ -334,11 +340,13 @@ def test_a_pipelined_cluster_emits_the_targets_tokens_through_its_workers(pipeli
     assert len({tuple(t) for t in seeded.values()}) == 1, seeded
 
 
-def test_up_refuses_pipelining_the_models_in_the_router(tmp_path) -> None:
+@pytest.mark.parametrize("flags, says", [(["--models-in-router", "--pipelined", "auto"], "drop one of them"),
+                                         (["--pipelined", "sometimes"], "takes off, auto or always")])
+def test_up_refuses_pipelining_it_cannot_do(tmp_path, flags, says) -> None:
     done = subprocess.run([sys.executable, "-m", "specrouter.cli", "up", "--port", "0", "--log-dir", str(tmp_path),
-                           "--models-in-router", "--pipelined"], capture_output=True, text=True, timeout=120)
+                           *flags], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    assert "INVALID_ARGUMENT" in done.stderr and "drop one of them" in done.stderr
+    assert "INVALID_ARGUMENT" in done.stderr and says in done.stderr
     assert not list(tmp_path.iterdir())   # refused before any service started
 
 

@@ -1,0 +1,137 @@
+"""Whether a pipelined batch's next cycle runs an ahead draft: where it measures faster than lock-step.
+
+An ahead draft is free only where the drafter has compute of its own (a device per worker). Where the
+workers share cores, the drafter's ahead draft slows the target's verification beside it, and a cycle
+whose emitted tokens leave the drafter's guess behind throws the ahead draft away. So the router measures
+both kinds of cycle, per (chain, window, batch size), and prices them as each runs:
+
+    lock-step   D + V            the drafter drafts, then the levels above verify
+    pipelined   (1 - p) D + O    the drafter drafts only when the last ahead draft was not taken, and the
+                                 levels above verify beside the next one; the cycle waits for both,
+                                 O = max(V', A)
+
+D: the drafter's draft call; V: the calls of the levels above in a cycle without an ahead draft; V' and A:
+those calls and the ahead draft's in a cycle with one; p: the share of the cycles after an ahead draft that
+take their proposal from it. The router's own work is the same either way and drops out, and so do the
+tokens a cycle emits (an ahead proposal is drawn as a fresh draft would be, and verified the same way).
+Pipelining pays when O - V < p D: what the ahead draft adds to the verification is less than the drafting
+it saves.
+
+Each key starts with a trial of each mode (`trial_cycles` cycles), then runs the one priced cheaper; every
+`recheck_cycles` cycles after that, the other mode runs a trial again: p moves with the text, and O with
+whatever else runs on the workers' cores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specrouter.router.cycle_report import CycleReport
+from specrouter.router.scheduling.ema import Ema, power_of_two
+
+log = logging.getLogger(__name__)
+
+Key = tuple[tuple[str, ...], int, int]   # (chain, window, batch size rounded up to a power of two)
+
+
+@dataclass
+class PipelineMeasures:
+    """What one key's cycles measured (ns; `taken` is p), and where its trials stand."""
+
+    alpha: float
+    draft: Ema = field(init=False)          # D
+    lock_levels: Ema = field(init=False)    # V
+    ahead_levels: Ema = field(init=False)   # O
+    taken: Ema = field(init=False)          # p
+    trial: bool | None = None               # the mode on trial (True: pipelined), None: none
+    trial_left: int = 0
+    since_trial: int = 0
+    pipelining: bool | None = None          # the last choice, for the log when it changes
+
+    def __post_init__(self) -> None:
+        self.draft, self.lock_levels, self.ahead_levels, self.taken = (Ema(self.alpha) for _ in range(4))
+
+    def pays(self) -> bool:
+        """O - V < p D, on what has been measured."""
+        return self.ahead_levels.get() - self.lock_levels.get() < self.taken.get() * self.draft.get()
+
+
+class PipelineGate:
+    """Decides, cycle by cycle, whether a pipelined batch runs its ahead draft, from the batches' measured
+    cycles (one gate serves every batch of a router: how much an ahead draft slows the verification is the
+    workers' matter, not a batch's)."""
+
+    def __init__(self, trial_cycles: int = 4, recheck_cycles: int = 200, alpha: float = 0.3):
+        if trial_cycles < 2:
+            raise ValueError(f"trial_cycles must be >= 2 (a pipelined trial takes an ahead draft from its second "
+                             f"cycle on), got {trial_cycles}")
+        if recheck_cycles < 1:
+            raise ValueError(f"recheck_cycles must be >= 1, got {recheck_cycles}")
+        self.trial_cycles = trial_cycles
+        self.recheck_cycles = recheck_cycles
+        self.alpha = alpha
+        self.measures: dict[Key, PipelineMeasures] = {}
+
+    @staticmethod
+    def key(chain: Sequence[str], window: int, rows: int) -> Key:
+        return tuple(chain), window, power_of_two(rows)
+
+    def wants(self, chain: Sequence[str], window: int, rows: int) -> bool:
+        """Whether the next cycle of `chain` at `window` over `rows` rows runs an ahead draft."""
+        if len(chain) < 2:
+            return False   # the target alone drafts nothing ahead
+        m = self.measures.setdefault(self.key(chain, window, rows), PipelineMeasures(self.alpha))
+        if m.trial_left == 0:
+            m.since_trial += 1
+            if m.lock_levels.count == 0 or m.draft.count == 0:
+                self._start_trial(m, False)
+            elif m.ahead_levels.count == 0 or m.taken.count == 0:
+                self._start_trial(m, True)
+            elif m.since_trial > self.recheck_cycles:
+                self._start_trial(m, not m.pays())
+        if m.trial_left > 0:
+            m.trial_left -= 1
+            return bool(m.trial)
+        pays = m.pays()
+        if pays != m.pipelining:
+            m.pipelining = pays
+            self._log_choice(chain, window, rows, m)
+        return pays
+
+    def _start_trial(self, m: PipelineMeasures, pipelined: bool) -> None:
+        m.trial, m.trial_left, m.since_trial = pipelined, self.trial_cycles, 0
+
+    def observe(self, report: CycleReport, rows: int, after_ahead: bool) -> None:
+        """One cycle's calls. `after_ahead`: the batch's cycle before ran an ahead draft for the same chain
+        and window, so this one could take its proposal from it."""
+        chain = tuple(report.chain)
+        if len(chain) < 2:
+            return
+        m = self.measures.setdefault(self.key(chain, report.window, rows), PipelineMeasures(self.alpha))
+        levels = sum(report.call_ns.get(model, 0) for model in chain[1:])
+        if not report.from_ahead and chain[0] in report.call_ns:
+            m.draft.add(report.call_ns[chain[0]])
+        if report.ahead is not None:
+            m.ahead_levels.add(max(levels, report.ahead_ns))
+        else:
+            m.lock_levels.add(levels)
+        if after_ahead:
+            m.taken.add(1.0 if report.from_ahead else 0.0)
+
+    def _log_choice(self, chain: Sequence[str], window: int, rows: int, m: PipelineMeasures) -> None:
+        adds = (m.ahead_levels.get() - m.lock_levels.get()) / 1e6
+        saves = m.taken.get() * m.draft.get() / 1e6
+        log.info("%s at window %d, %d row(s): %s (the ahead draft adds %.1f ms to the verification and saves "
+                 "%.1f ms of drafting a cycle: %.0f%% of its proposals taken)", ",".join(chain), window, rows,
+                 "pipelined" if m.pipelining else "lock-step", adds, saves, 100 * m.taken.get())
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per key, the measures and the choice they make: for logs, benchmarks and tests."""
+        out = {}
+        for (chain, window, rows), m in self.measures.items():
+            out[f"{','.join(chain)} W{window} B{rows}"] = {
+                "draft_ms": m.draft.get() / 1e6, "lock_levels_ms": m.lock_levels.get() / 1e6,
+                "ahead_levels_ms": m.ahead_levels.get() / 1e6, "taken": m.taken.get(), "pipelined": float(m.pays())}
+        return out
