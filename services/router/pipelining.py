@@ -17,9 +17,11 @@ tokens a cycle emits (an ahead proposal is drawn as a fresh draft would be, and 
 Pipelining pays when O - V < p D: what the ahead draft adds to the verification is less than the drafting
 it saves.
 
-Each key starts with a trial of each mode (`trial_cycles` cycles), then runs the one priced cheaper; every
-`recheck_cycles` cycles after that, the other mode runs a trial again: p moves with the text, and O with
-whatever else runs on the workers' cores.
+Each key starts with a trial of each mode (`trial_cycles` cycles), then runs the one priced cheaper. The
+mode it does not run is measured again by another trial after `recheck_cycles` cycles, or up to
+RECHECK_STRETCH times as many when the two prices lie far apart (a trial of the dearer mode costs its gap
+on each of its cycles): p moves with the text, and O with whatever else runs on the workers' cores. A
+trial's cycles outweigh what its mode measured before it, which is stale by then.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from specrouter.router.scheduling.ema import Ema, power_of_two
 log = logging.getLogger(__name__)
 
 Key = tuple[tuple[str, ...], int, int]   # (chain, window, batch size rounded up to a power of two)
+RECHECK_STRETCH = 4        # the most times recheck_cycles that a far dearer mode waits for its next trial
+RECHECK_GAP = 0.05         # the gap between the prices (of the cheaper) at which the wait starts to stretch
+STALE_WEIGHT = 0.25        # what a trial leaves of the weight of its mode's earlier measures
 
 
 @dataclass
@@ -53,9 +58,21 @@ class PipelineMeasures:
     def __post_init__(self) -> None:
         self.draft, self.lock_levels, self.ahead_levels, self.taken = (Ema(self.alpha) for _ in range(4))
 
+    def prices(self) -> tuple[float, float]:
+        """(lock-step, pipelined): D + V and (1 - p) D + O, on what has been measured."""
+        d = self.draft.get()
+        return d + self.lock_levels.get(), (1.0 - self.taken.get()) * d + self.ahead_levels.get()
+
     def pays(self) -> bool:
-        """O - V < p D, on what has been measured."""
-        return self.ahead_levels.get() - self.lock_levels.get() < self.taken.get() * self.draft.get()
+        """O - V < p D."""
+        lock, pipelined = self.prices()
+        return pipelined < lock
+
+    def recheck_after(self, cycles: int) -> int:
+        """Cycles before the mode not run has its next trial: `cycles`, stretched while its price is far above."""
+        lock, pipelined = self.prices()
+        gap = abs(lock - pipelined) / max(min(lock, pipelined), 1.0)
+        return int(cycles * min(RECHECK_STRETCH, max(1.0, gap / RECHECK_GAP)))
 
 
 class PipelineGate:
@@ -63,7 +80,7 @@ class PipelineGate:
     cycles (one gate serves every batch of a router: how much an ahead draft slows the verification is the
     workers' matter, not a batch's)."""
 
-    def __init__(self, trial_cycles: int = 4, recheck_cycles: int = 200, alpha: float = 0.3):
+    def __init__(self, trial_cycles: int = 8, recheck_cycles: int = 100, alpha: float = 0.1):
         if trial_cycles < 2:
             raise ValueError(f"trial_cycles must be >= 2 (a pipelined trial takes an ahead draft from its second "
                              f"cycle on), got {trial_cycles}")
@@ -89,7 +106,7 @@ class PipelineGate:
                 self._start_trial(m, False)
             elif m.ahead_levels.count == 0 or m.taken.count == 0:
                 self._start_trial(m, True)
-            elif m.since_trial > self.recheck_cycles:
+            elif m.since_trial > m.recheck_after(self.recheck_cycles):
                 self._start_trial(m, not m.pays())
         if m.trial_left > 0:
             m.trial_left -= 1
@@ -101,7 +118,11 @@ class PipelineGate:
         return pays
 
     def _start_trial(self, m: PipelineMeasures, pipelined: bool) -> None:
+        """A trial of one mode; what that mode measured before is stale (the cores' load or the text may have
+        changed since), so the trial's cycles count for most of its estimates."""
         m.trial, m.trial_left, m.since_trial = pipelined, self.trial_cycles, 0
+        for measure in (m.ahead_levels, m.taken) if pipelined else (m.lock_levels,):
+            measure.forget(STALE_WEIGHT)
 
     def observe(self, report: CycleReport, rows: int, after_ahead: bool) -> None:
         """One cycle's calls. `after_ahead`: the batch's cycle before ran an ahead draft for the same chain

@@ -18,7 +18,7 @@ from specrouter.report.bench import (SWITCHING, BenchError, BenchReport, BenchSe
 from specrouter.report.bench_format import (check_lines, column_labels, format_markdown, report_json,
                                             write_chart)
 from specrouter.report.bench_results import (ADAPTIVE, FAIL, HF_PROMPT_LOOKUP, HF_TARGET, LOOKUP_CHAIN,
-                                             NOT_RUN, PASS, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
+                                             LOOKUP_THREE_LEVEL, NOT_RUN, PASS, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
                                              BreakdownSum, Cell, Mismatch, Screened, Spread, agreeing,
                                              assisted_label, engine_label, evaluate_checks, find_mismatches,
                                              first_difference, set_ratios)
@@ -212,7 +212,8 @@ def test_plan_picks_the_smallest_drafters_best_window_and_the_best_two_level() -
     plan = bench.plan(screened)
     assert plan == {TMO: ServiceConfig(("t",), 0), SSD_SMALLEST: ServiceConfig(("s", "t"), 3),
                     SSD_TUNED: ServiceConfig(("m", "t"), 2), THREE_LEVEL: ServiceConfig(("s", "m", "t"), 4),
-                    LOOKUP_CHAIN: ServiceConfig(("lookup", "t"), 8), ADAPTIVE: ServiceConfig(None, 0)}
+                    LOOKUP_CHAIN: ServiceConfig(("lookup", "t"), 8),
+                    LOOKUP_THREE_LEVEL: ServiceConfig(("lookup", "s", "t"), 8), ADAPTIVE: ServiceConfig(None, 0)}
 
 
 def test_a_cell_screens_then_runs_interleaved_rounds_and_checks_every_run() -> None:
@@ -223,16 +224,17 @@ def test_a_cell_screens_then_runs_interleaved_rounds_and_checks_every_run() -> N
     assert mismatches == []
     assert [s.window for s in cell.screening] == [2, 3, 2, 3]
     labels = [e.label for e in cell.entries]
-    assert labels == [TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE, engine_label(TMO),
+    assert labels == [TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, LOOKUP_THREE_LEVEL, ADAPTIVE,
+                      engine_label(TMO),
                       engine_label(SSD_TUNED), engine_label(THREE_LEVEL), HF_TARGET, "hf-assisted:s",
                       "hf-assisted:m", HF_PROMPT_LOOKUP]
     assert all(len(e.tokens_per_s.runs) == 2 for e in cell.entries)
     assert cell.entry(SSD_TUNED).chain == ["m", "t"] and cell.entry(SSD_TUNED).window == 2
     assert cell.entry(HF_TARGET).agrees_with_tmo == 2
     assert cell.entry(TMO).breakdown is None            # the fake stats carry no breakdown: unavailable
-    # warm-up + 4 screenings + 2 rounds of 6 services configurations, 3 engine rows and 4 peers
-    assert len(bench.calls) == 1 + 4 + 2 * 13
-    first_round, second_round = bench.calls[5:18], bench.calls[18:]
+    # warm-up + 4 screenings + 2 rounds of 7 services configurations, 3 engine rows and 4 peers
+    assert len(bench.calls) == 1 + 4 + 2 * 14
+    first_round, second_round = bench.calls[5:19], bench.calls[19:]
     assert set(map(str, first_round)) == set(map(str, second_round)) and first_round != second_round  # shuffled
     assert bench.progress.done == bench.progress.total
 
@@ -273,8 +275,10 @@ def test_bench_end_to_end_through_a_local_cluster() -> None:
     assert [(c.kind, c.batch_size, c.requests) for c in report.cells] == [("code", 1, 2)]
     cell = report.cells[0]
     labels = {e.label for e in cell.entries}
-    assert {TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE, HF_TARGET, HF_PROMPT_LOOKUP} <= labels
+    assert {TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, LOOKUP_THREE_LEVEL, ADAPTIVE, HF_TARGET,
+            HF_PROMPT_LOOKUP} <= labels
     assert cell.entry(LOOKUP_CHAIN).chain[0] == "lookup"
+    assert cell.entry(LOOKUP_THREE_LEVEL).chain == ["lookup", report.models[0].name, report.models[-1].name]
     assert {assisted_label(m.name) for m in report.models if m.role != "target"} <= labels
     for twin in (TMO, SSD_TUNED, THREE_LEVEL):   # the engine in process beside each, on its chain and window
         engine = cell.entry(engine_label(twin))

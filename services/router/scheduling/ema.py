@@ -20,6 +20,12 @@ class Ema:
         if self.weight > 0:
             self.value = (self.get() + rate * (towards - self.get())) * self.weight
 
+    def forget(self, keep: float) -> None:
+        """Keeps `keep` of the weight of the samples so far (the estimate stays), so that the next samples
+        count for more: for a measure about to be taken again after it went stale."""
+        self.value *= keep
+        self.weight *= keep
+
     def get(self, default: float = 0.0) -> float:
         return self.value / self.weight if self.weight > 0 else default
 

@@ -5,7 +5,8 @@ Per workload kind and batch size (a cell), the same prompts run under every conf
 - through the services (the SDK client; at batch B, B requests in flight from B threads): target-only
   (TMO); the smallest drafter and the target at its best window (SSD-smallest); the best static
   two-level chain and window (SSD-tuned); every model smallest first at one window (three-level); the
-  router's lookup level before the target (lookup), where the router has it; and the adaptive scheduler
+  router's lookup level before the target (lookup), and before the smallest drafter and the target
+  (lookup-three-level), where the router has it; and the adaptive scheduler
   (chain `auto`);
 - in this process with transformers (`peers`): target-only `generate` at batch 1 (every ratio's
   reference), assisted generation with each drafter and prompt lookup (batch 1), and batched target-only
@@ -41,7 +42,8 @@ from pathlib import Path
 from specrouter.client import Client
 from specrouter.report.bench_in_process import InProcessRows, Run
 from specrouter.report.bench_results import (
-    ADAPTIVE, ENGINE, ENGINE_TWINS, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, SERVICES, SSD_SMALLEST,
+    ADAPTIVE, ENGINE, ENGINE_TWINS, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, LOOKUP_THREE_LEVEL,
+    SERVICES, SSD_SMALLEST,
     SSD_TUNED, THREE_LEVEL, TMO, Breakdown, BreakdownSum, Cell, Check, Entry, Mismatch, Screened, Spread, agreeing,
     assisted_label, engine_label, evaluate_checks, find_mismatches, set_ratios, tokens_per_s)
 from specrouter.report.inflight import in_flight
@@ -192,12 +194,16 @@ class Bench:
             plan[THREE_LEVEL] = self.three_level()
         if self.lookup is not None:
             plan[LOOKUP_CHAIN] = ServiceConfig((self.lookup, self.target), self.settings.lookup_window)
+            if self.drafters:   # the smallest drafter checks and extends what the lookup copies
+                plan[LOOKUP_THREE_LEVEL] = ServiceConfig((self.lookup, self.drafters[0], self.target),
+                                                         self.settings.lookup_window)
         plan[ADAPTIVE] = ServiceConfig(None, 0)
         return plan
 
     def planned_labels(self) -> int:
         """Services configurations of a cell before the screening's picks are deduplicated."""
-        return 2 + (2 if self.drafters else 0) + (self.three_level() is not None) + (self.lookup is not None)
+        lookup = 0 if self.lookup is None else 1 + bool(self.drafters)
+        return 2 + (2 if self.drafters else 0) + (self.three_level() is not None) + lookup
 
     def planned_engine_rows(self) -> int:
         """Engine-in-process twins of a cell before the screening: TMO's, SSD-tuned's, three-level's."""

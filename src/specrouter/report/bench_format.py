@@ -18,12 +18,12 @@ from matplotlib.patches import Patch
 
 from specrouter.report.bench import BenchReport, BenchSettings
 from specrouter.report.bench_results import (ADAPTIVE, ENGINE, ENGINE_TWINS, HF_ASSISTED, HF_PROMPT_LOOKUP,
-                                             HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, NOT_RUN, PASS, SERVICES,
-                                             SERVICES_KEEP_MIN, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
+                                             HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, LOOKUP_THREE_LEVEL, NOT_RUN, PASS,
+                                             SERVICES, SERVICES_KEEP_MIN, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
                                              Breakdown, Cell, Entry, engine_label)
 from specrouter.report.chart import name_shortener
 
-SERVICES_ORDER = (TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, ADAPTIVE)
+SERVICES_ORDER = (TMO, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, LOOKUP_CHAIN, LOOKUP_THREE_LEVEL, ADAPTIVE)
 SCREENING_SHOWN = 5        # fastest screened configurations listed per cell
 PANEL_WIDTH_IN, PANEL_HEIGHT_IN, DPI = 6, 3.5, 100
 SERVICES_COLOUR, IN_PROCESS_COLOUR, ADAPTIVE_COLOUR, ENGINE_COLOUR = "#4a6a8a", "#d08c2c", "#2e9a5c", "#9a9ab8"

@@ -24,6 +24,7 @@ SSD_SMALLEST = "SSD-smallest"     # the smallest drafter and the target, at its 
 SSD_TUNED = "SSD-tuned"           # the best static two-level chain and window of the screening
 THREE_LEVEL = "three-level"       # every model, smallest first, at the --three-level-window
 LOOKUP_CHAIN = "lookup"           # the router's lookup level (no model) and the target, at the --lookup-window
+LOOKUP_THREE_LEVEL = "lookup-three-level"   # the lookup level, the smallest drafter and the target, same window
 ADAPTIVE = "adaptive"             # chain "auto", window 0
 HF_TARGET = "hf-generate"         # transformers target-only generate (batched at B > 1)
 HF_ASSISTED = "hf-assisted"       # transformers assisted generation; the drafter follows the colon
