@@ -135,7 +135,8 @@ class ChainBatch:
         # every cycle, or in those where the gate measures it faster than lock-step
         self.pipelined = pipelined
         self._ahead: Ahead | None = None   # what the last cycle's ahead draft left for the next one
-        self._ahead_ran: tuple[tuple[str, ...], int] | None = None   # the chain and window of the last one
+        # the chain and window of the last cycle, where it ran an ahead draft and accepted its whole proposal
+        self._ahead_ran: tuple[tuple[str, ...], int] | None = None
 
     def room(self) -> int | None:
         """How many more rows may join (None: no bound)."""
@@ -390,7 +391,7 @@ class ChainBatch:
                              model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow,
                              from_ahead=ahead is not None, ahead=ahead_result, ahead_ns=ahead_ns)
         after_ahead, self._ahead_ran = self._ahead_ran == (chain, window), None
-        if ahead_result is not None:
+        if ahead_result is not None and report.accepted_whole():   # the next cycle may take its proposal
             self._ahead_ran = (chain, window)
         if gate is not None:
             gate.observe(report, len(rows), after_ahead)

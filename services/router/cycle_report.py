@@ -28,6 +28,11 @@ class CycleReport:
     ahead: StepResult | None = None
     ahead_ns: int = 0
 
+    def accepted_whole(self) -> bool:
+        """Every level accepted every row's whole proposal (only then may the next cycle take its proposal
+        from an ahead draft)."""
+        return all(a == p for m in self.chain[1:] for a, p in zip(self.accepted.get(m, ()), self.proposed.get(m, ())))
+
     def checked(self, verifier: str, row_index: int) -> int:
         """Positions of a row's proposal that `verifier` checked: up to and including its first rejection.
         A model-free level's proposal may stop short of the window (no match, or a match near the end of

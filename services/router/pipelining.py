@@ -17,6 +17,13 @@ tokens a cycle emits (an ahead proposal is drawn as a fresh draft would be, and 
 Pipelining pays when O - V < p D: what the ahead draft adds to the verification is less than the drafting
 it saves.
 
+A cycle can take the ahead draft only if the cycle before accepted its whole proposal at every level, and
+then only if the drafter also guessed the tokens the levels added: p = q r, with q the share of cycles that
+accept everything and r the share of those whose ahead draft the next cycle takes. q is the text's (tables
+about 0.6, code about 0.2 on the demo pool) and is measured in every cycle, pipelined or not, so the price
+follows the text from one request to the next; r, the drafter's guess of one more token where it guessed
+all before, is measured where an ahead draft ran.
+
 Each key starts with a trial of each mode (`trial_cycles` cycles), then runs the one priced cheaper. The
 mode it does not run is measured again by another trial after `recheck_cycles` cycles, or up to
 RECHECK_STRETCH times as many when the two prices lie far apart (a trial of the dearer mode costs its gap
@@ -43,25 +50,31 @@ STALE_WEIGHT = 0.25        # what a trial leaves of the weight of its mode's ear
 
 @dataclass
 class PipelineMeasures:
-    """What one key's cycles measured (ns; `taken` is p), and where its trials stand."""
+    """What one key's cycles measured (ns, and the shares q and r), and where its trials stand."""
 
     alpha: float
     draft: Ema = field(init=False)          # D
     lock_levels: Ema = field(init=False)    # V
     ahead_levels: Ema = field(init=False)   # O
-    taken: Ema = field(init=False)          # p
+    whole: Ema = field(init=False)          # q
+    taken: Ema = field(init=False)          # r
     trial: bool | None = None               # the mode on trial (True: pipelined), None: none
     trial_left: int = 0
     since_trial: int = 0
     pipelining: bool | None = None          # the last choice, for the log when it changes
 
     def __post_init__(self) -> None:
-        self.draft, self.lock_levels, self.ahead_levels, self.taken = (Ema(self.alpha) for _ in range(4))
+        self.draft, self.lock_levels, self.ahead_levels, self.whole, self.taken = (Ema(self.alpha) for _ in range(5))
+
+    def p(self) -> float:
+        """q r; while no ahead draft has followed a cycle that accepted everything, r is taken as 1 (what the
+        pipelined cycles then run measures it)."""
+        return self.whole.get() * self.taken.get(1.0)
 
     def prices(self) -> tuple[float, float]:
         """(lock-step, pipelined): D + V and (1 - p) D + O, on what has been measured."""
         d = self.draft.get()
-        return d + self.lock_levels.get(), (1.0 - self.taken.get()) * d + self.ahead_levels.get()
+        return d + self.lock_levels.get(), (1.0 - self.p()) * d + self.ahead_levels.get()
 
     def pays(self) -> bool:
         """O - V < p D."""
@@ -104,7 +117,7 @@ class PipelineGate:
             m.since_trial += 1
             if m.lock_levels.count == 0 or m.draft.count == 0:
                 self._start_trial(m, False)
-            elif m.ahead_levels.count == 0 or m.taken.count == 0:
+            elif m.ahead_levels.count == 0:
                 self._start_trial(m, True)
             elif m.since_trial > m.recheck_after(self.recheck_cycles):
                 self._start_trial(m, not m.pays())
@@ -118,15 +131,15 @@ class PipelineGate:
         return pays
 
     def _start_trial(self, m: PipelineMeasures, pipelined: bool) -> None:
-        """A trial of one mode; what that mode measured before is stale (the cores' load or the text may have
-        changed since), so the trial's cycles count for most of its estimates."""
+        """A trial of one mode; what that mode measured before is stale (the cores' load may have changed
+        since), so the trial's cycles count for most of its estimates."""
         m.trial, m.trial_left, m.since_trial = pipelined, self.trial_cycles, 0
-        for measure in (m.ahead_levels, m.taken) if pipelined else (m.lock_levels,):
+        for measure in (m.ahead_levels,) if pipelined else (m.lock_levels,):
             measure.forget(STALE_WEIGHT)
 
     def observe(self, report: CycleReport, rows: int, after_ahead: bool) -> None:
         """One cycle's calls. `after_ahead`: the batch's cycle before ran an ahead draft for the same chain
-        and window, so this one could take its proposal from it."""
+        and window and accepted its whole proposal, so this one could take its proposal from it."""
         chain = tuple(report.chain)
         if len(chain) < 2:
             return
@@ -138,15 +151,17 @@ class PipelineGate:
             m.ahead_levels.add(max(levels, report.ahead_ns))
         else:
             m.lock_levels.add(levels)
+        m.whole.add(1.0 if report.accepted_whole() else 0.0)
         if after_ahead:
             m.taken.add(1.0 if report.from_ahead else 0.0)
 
     def _log_choice(self, chain: Sequence[str], window: int, rows: int, m: PipelineMeasures) -> None:
         adds = (m.ahead_levels.get() - m.lock_levels.get()) / 1e6
-        saves = m.taken.get() * m.draft.get() / 1e6
-        log.info("%s at window %d, %d row(s): %s (the ahead draft adds %.1f ms to the verification and saves "
-                 "%.1f ms of drafting a cycle: %.0f%% of its proposals taken)", ",".join(chain), window, rows,
-                 "pipelined" if m.pipelining else "lock-step", adds, saves, 100 * m.taken.get())
+        saves = m.p() * m.draft.get() / 1e6
+        log.debug("%s at window %d, %d row(s): %s (the ahead draft adds %.1f ms to the verification and saves "
+                  "%.1f ms of drafting a cycle: %.0f%% of the cycles accept everything, %.0f%% of those leave the "
+                  "next its proposal)", ",".join(chain), window, rows, "pipelined" if m.pipelining else "lock-step",
+                  adds, saves, 100 * m.whole.get(), 100 * m.taken.get(1.0))
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per key, the measures and the choice they make: for logs, benchmarks and tests."""
@@ -154,5 +169,6 @@ class PipelineGate:
         for (chain, window, rows), m in self.measures.items():
             out[f"{','.join(chain)} W{window} B{rows}"] = {
                 "draft_ms": m.draft.get() / 1e6, "lock_levels_ms": m.lock_levels.get() / 1e6,
-                "ahead_levels_ms": m.ahead_levels.get() / 1e6, "taken": m.taken.get(), "pipelined": float(m.pays())}
+                "ahead_levels_ms": m.ahead_levels.get() / 1e6, "whole": m.whole.get(), "taken": m.taken.get(),
+                "pipelined": float(m.pays())}
         return out
