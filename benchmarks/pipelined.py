@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from specrouter.client import Client
-from specrouter.launcher import MEASURING_ROUTER_ARGS, LocalCluster, ServiceProcess
+from specrouter.launcher import MEASURING_ROUTER_ARGS, LocalCluster
 from specrouter.pool.load import PoolDir
 from specrouter.report.machine import machine_line
 
@@ -53,19 +53,6 @@ def parse_chains(text: str) -> list[tuple[str, int]]:
     if names:
         raise SystemExit(f"--chains: {','.join(names)!r} has no window; write CHAIN:W, e.g. stdlib-1m,stdlib-29m:3")
     return out
-
-
-def another_router(cluster: LocalCluster, pool_dir: Path, log_dir: Path, extra: list[str],
-                  name: str) -> ServiceProcess:
-    """A router over the cluster's workers and profiler with its own flags."""
-    pool = PoolDir.open(pool_dir)
-    workers = [s.address for s in cluster.services if s.name.startswith("worker-")]
-    router = ServiceProcess("specrouter.router", "--workers", ",".join(workers), "--tokenizer-dir",
-                            str(pool.model_dir(pool.target)), "--target", pool.target, "--profiler",
-                            cluster.profiler.address, "--port", "0", "--pool-dir", str(pool_dir), *extra,
-                            log_dir=log_dir, name=name)
-    cluster.services.append(router)   # stopped with the cluster
-    return router
 
 
 def main() -> None:
@@ -94,8 +81,7 @@ def main() -> None:
     try:
         clients = {"lock-step": Client(cluster.router.address)}
         for mode in MODES[1:]:
-            router = another_router(cluster, args.pool, log_dir, [*MEASURING_ROUTER_ARGS, "--pipelined", mode],
-                                   f"router-{mode}")
+            router = cluster.another_router(log_dir, [*MEASURING_ROUTER_ARGS, "--pipelined", mode], f"router-{mode}")
             clients[mode] = Client(router.address)
         for client in clients.values():   # every model warm on every router's path
             for chain, window in chains:

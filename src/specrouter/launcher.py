@@ -290,6 +290,7 @@ class LocalCluster:
         from specrouter.pool.load import PoolDir
 
         pool = PoolDir.open(pool_dir)
+        self.pool_dir, self.env = pool_dir, env
         self.services: list[ServiceProcess] = []
         say = on_start or (lambda _s: None)
         try:
@@ -320,6 +321,20 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    def another_router(self, log_dir: Path, router_args: Sequence[str], name: str) -> ServiceProcess:
+        """One more router over the cluster's workers and profiler, with flags of its own (to compare two
+        routers' settings on the same worker processes); it stops with the cluster."""
+        from specrouter.pool.load import PoolDir
+
+        pool = PoolDir.open(self.pool_dir)
+        workers = [s.address for s in self.services if s.name.startswith("worker-")]
+        if not workers:
+            raise ValueError("another router needs the cluster's workers; this cluster's router holds the models")
+        return self._start("specrouter.router", [
+            "--workers", ",".join(workers), "--tokenizer-dir", str(pool.model_dir(pool.target)), "--target",
+            pool.target, "--profiler", self.profiler.address, "--port", "0", "--pool-dir", str(self.pool_dir),
+            *router_args], log_dir, self.env, name, lambda _s: None)
 
     @staticmethod
     def _thread_args(model: str, target: str, device: str) -> list[str]:

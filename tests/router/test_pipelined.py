@@ -340,6 +340,21 @@ def test_a_pipelined_cluster_emits_the_targets_tokens_through_its_workers(pipeli
     assert len({tuple(t) for t in seeded.values()}) == 1, seeded
 
 
+def test_a_router_that_pipelines_where_it_pays_emits_the_targets_tokens(pipelined_cluster, tmp_path) -> None:
+    """`--pipelined auto` over the same workers: the gate decides cycle by cycle, the tokens stay the target's,
+    and its trials run ahead drafts (the first cycles of a chain try both modes)."""
+    router = pipelined_cluster.another_router(tmp_path, ["--pipelined", "auto"], "router-auto")
+    pool = InProcessPool.open(DEMO_POOL)
+    prompts = heldout_code_prompts(3)
+    expected = [g.token_ids for g in pool.generate(prompts, [SERVED_TARGET], 0, SamplingParams(), 24)]
+    with Client(router.address) as client:
+        got = [client.generate(p, max_new_tokens=24, chain=f"{SERVED_DRAFTER},{SERVED_TARGET}", window=3)
+               for p in prompts]
+    assert [g.token_ids for g in got] == expected
+    ahead = sum(g.stats.breakdown.ahead.calls for g in got)
+    assert 0 < ahead <= sum(g.stats.cycles for g in got)
+
+
 @pytest.mark.parametrize("flags, says", [(["--models-in-router", "--pipelined", "auto"], "drop one of them"),
                                          (["--pipelined", "sometimes"], "takes off, auto or always")])
 def test_up_refuses_pipelining_it_cannot_do(tmp_path, flags, says) -> None:
