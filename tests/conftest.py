@@ -29,16 +29,25 @@ def tiny_llama(seed: int, hidden: int, layers: int, vocab: int = TINY_VOCAB, sha
     return model
 
 
+# the tiny pool's models: seed, hidden size, layers
+TINY_SHAPES = {"s": (1, 16, 1), "m": (2, 32, 2), "t": (3, 64, 2)}
+
+
 def tiny_engines(vocab: int = TINY_VOCAB, sharpness: float = 1.0) -> dict[str, WorkerEngine]:
     """A three-model pool: drafter `s`, intermediate `m`, target `t`."""
-    shapes = {"s": (1, 16, 1), "m": (2, 32, 2), "t": (3, 64, 2)}
     return {name: WorkerEngine(name, ModelForward(tiny_llama(seed, h, l, vocab, sharpness)))
-            for name, (seed, h, l) in shapes.items()}
+            for name, (seed, h, l) in TINY_SHAPES.items()}
 
 
 @pytest.fixture(scope="session")
 def tiny_pool() -> dict[str, WorkerEngine]:
     return tiny_engines()
+
+
+@pytest.fixture(scope="session")
+def twin() -> WorkerEngine:
+    """A copy of the tiny pool's target: as a drafter it proposes exactly the target's greedy tokens."""
+    return WorkerEngine("twin", ModelForward(tiny_llama(*TINY_SHAPES["t"])))
 
 
 from tests.redis_server import redis_factory, shared_redis  # noqa: E402,F401  (fixtures for every test)

@@ -104,15 +104,19 @@ class PipelineGate:
         self.alpha = alpha
         self.measures: dict[Key, PipelineMeasures] = {}
 
-    @staticmethod
-    def key(chain: Sequence[str], window: int, rows: int) -> Key:
-        return tuple(chain), window, power_of_two(rows)
+    def _measures(self, chain: Sequence[str], window: int, rows: int) -> PipelineMeasures:
+        """The measures of (chain, window, batch size rounded up to a power of two), made on first use."""
+        key = (tuple(chain), window, power_of_two(rows))
+        m = self.measures.get(key)
+        if m is None:
+            m = self.measures[key] = PipelineMeasures(self.alpha)
+        return m
 
     def wants(self, chain: Sequence[str], window: int, rows: int) -> bool:
         """Whether the next cycle of `chain` at `window` over `rows` rows runs an ahead draft."""
         if len(chain) < 2:
             return False   # the target alone drafts nothing ahead
-        m = self.measures.setdefault(self.key(chain, window, rows), PipelineMeasures(self.alpha))
+        m = self._measures(chain, window, rows)
         if m.trial_left == 0:
             m.since_trial += 1
             if m.lock_levels.count == 0 or m.draft.count == 0:
@@ -140,10 +144,10 @@ class PipelineGate:
     def observe(self, report: CycleReport, rows: int, after_ahead: bool) -> None:
         """One cycle's calls. `after_ahead`: the batch's cycle before ran an ahead draft for the same chain
         and window and accepted its whole proposal, so this one could take its proposal from it."""
-        chain = tuple(report.chain)
+        chain = report.chain
         if len(chain) < 2:
             return
-        m = self.measures.setdefault(self.key(chain, report.window, rows), PipelineMeasures(self.alpha))
+        m = self._measures(chain, report.window, rows)
         levels = sum(report.call_ns.get(model, 0) for model in chain[1:])
         if not report.from_ahead and chain[0] in report.call_ns:
             m.draft.add(report.call_ns[chain[0]])
@@ -164,7 +168,7 @@ class PipelineGate:
                   adds, saves, 100 * m.whole.get(), 100 * m.taken.get(1.0))
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per key, the measures and the choice they make: for logs, benchmarks and tests."""
+        """Per key, the measures and the choice they make (in ms and shares), for a reader or a test."""
         out = {}
         for (chain, window, rows), m in self.measures.items():
             out[f"{','.join(chain)} W{window} B{rows}"] = {

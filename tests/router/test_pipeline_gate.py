@@ -19,7 +19,7 @@ from specrouter.router.chain import ChainBatch
 from specrouter.router.cycle_report import CycleReport
 from specrouter.router.pipelining import PipelineGate
 from specrouter.router.row import Row
-from tests.router.test_pipelined import CONTEXT, PROMPTS, InAnotherProcess, twin  # noqa: F401 - fixture
+from tests.router.test_pipelined import CONTEXT, PROMPTS, InAnotherProcess
 
 CHAIN = ("d", "t")
 MS = 1_000_000

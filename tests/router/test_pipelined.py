@@ -33,13 +33,13 @@ from specrouter.router.row import Row
 from specrouter.router.settings import RouterSettings
 from specrouter.worker.engine import WorkerEngine
 from specrouter.worker.forward import ModelForward
-from tests.conftest import DEMO_POOL, TINY_VOCAB, tiny_engines, tiny_llama
+from tests.conftest import DEMO_POOL, TINY_SHAPES, TINY_VOCAB, tiny_engines, tiny_llama
 from tests.router.test_row_isolation import outcome
 from tests.router.test_worker_failover import Prefer
 from tests.stats import chi_square_p_value, exact_joint
 
 CONTEXT = 256
-TARGET_SHAPE = (3, 64, 2)   # the tiny pool's target: seed, hidden size, layers (tests/conftest.py)
+TARGET_SHAPE = TINY_SHAPES["t"]
 PROMPTS = [[5, 9, 3, 17, 2], [7, 1, 40, 22], [11, 3, 3, 3, 8, 60, 1, 2, 9], [33]]
 MAX_NEW = [24, 13, 30, 19]
 JOINS_AFTER = 2   # cycles before the last prompt's row joins the batch
@@ -146,12 +146,6 @@ def greedy_continuation(target: WorkerEngine, tokens: list[int], n: int) -> list
     finally:
         batch.release()
     return rows[0].generated
-
-
-@pytest.fixture(scope="module")
-def twin() -> WorkerEngine:
-    """A copy of the target: as a drafter it proposes exactly the target's greedy tokens."""
-    return WorkerEngine("twin", ModelForward(tiny_llama(*TARGET_SHAPE)))
 
 
 def drafter_of(kind: str, tiny_pool, twin) -> InAnotherProcess | AlwaysWrong:
