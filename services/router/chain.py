@@ -311,6 +311,15 @@ class ChainBatch:
         ids = [r.row_id for r in rows if r.row_id in named]
         return RowsFailed(model, cause, ids) if ids else WorkerCallFailed(model, cause)
 
+    def lookup(self) -> LookupProposer | None:
+        """The batch's model-free level, if its pool has one."""
+        return next((w for w in self.workers.values() if isinstance(w, LookupProposer)), None)
+
+    def lookup_match(self, row: Row) -> int | None:
+        """The length of the lookup's match after the row's tokens (0: none), None without a lookup level."""
+        lookup = self.lookup()
+        return None if lookup is None else lookup.row_match(row)[1]
+
     # -- the cycle -----------------------------------------------------------------------------
 
     def step(self, chain: Sequence[str], window: int) -> CycleReport:
@@ -335,6 +344,10 @@ class ChainBatch:
         accepted: dict[str, list[int]] = {}
         proposed: dict[str, list[int]] = {}
         processed: dict[str, list[list[int]]] = {}   # per model, per row: speculative tokens it cached
+
+        lookup = self.lookup()
+        # the length of the lookup's match per row before the cycle: its checks are measured per match length
+        matches = [lookup.row_match(r)[1] for r in rows] if lookup is not None else None
 
         drafter = chain[0]   # the target of a target-only chain drafts its own output
         ahead, self._ahead = self._ahead_for(chain, window, rows), None
@@ -370,7 +383,6 @@ class ChainBatch:
         if len(chain) > 1:
             proposal = results[chain[-1]].tokens
 
-        lookup = next((w for w in self.workers.values() if isinstance(w, LookupProposer)), None)
         shadow = ({} if lookup is None or lookup is self.workers[drafter] else
                   shadow_checks(lookup, rows, {self.target: proposal, drafter: drafted}))
         emitted = {r.row_id: r.emit(tokens, self.context_length) for r, tokens in zip(rows, proposal)}
@@ -389,6 +401,7 @@ class ChainBatch:
             self._resyncs.pop(model, None)
         report = CycleReport(chain, window, emitted, accepted, proposed, results, call_ns,
                              model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow,
+                             matches=matches,
                              from_ahead=ahead is not None, ahead=ahead_result, ahead_ns=ahead_ns)
         after_ahead, self._ahead_ran = self._ahead_ran == (chain, window), None
         if ahead_result is not None and report.accepted_whole():   # the next cycle may take its proposal

@@ -22,6 +22,9 @@ class CycleReport:
     # (lookup, verifier) -> per row, (accepted, checked) of what the lookup would have proposed this cycle,
     # judged by the verifier's own picks (None for a sampled row: its picks judge no point mass)
     shadow: dict[tuple[str, str], list[tuple[int, int] | None]] = field(default_factory=dict)
+    # per row, the length of the lookup level's match after the row's tokens before the cycle (None: the
+    # pool has no lookup level): its checks, run or judged, are measured per match length too
+    matches: list[int] | None = None
     # a pipelined batch: whether the proposal came from the last cycle's ahead draft (then the drafter was
     # not called), and this cycle's ahead draft (its step and round trip, run beside the verifiers)
     from_ahead: bool = False

@@ -16,6 +16,7 @@ from specrouter.tls import ClientTLS, channel
 from specrouter.profiler.metrics import AcceptanceRate, ForwardLatency, Similarity
 from specrouter.contract.measures import Mode
 from specrouter.router.cycle_report import CycleReport
+from specrouter.router.lookup import by_match
 from specrouter.router.row import Row
 from specrouter.router.scheduling.candidates import mode_of
 from specrouter.router.scheduling.snapshot import Snapshot
@@ -30,29 +31,36 @@ QUEUE_LIMIT = 1024  # cycles waiting to be reported; beyond it the oldest measur
 REPORT_PERIOD_S = 0.2
 
 
-def acceptance_counts(report: CycleReport, rows: Sequence[Row], shadow: bool = True,
+def acceptance_counts(report: CycleReport, rows: Sequence[Row], shadow: bool = True, matches: bool = True,
                       ) -> dict[tuple[str, str, Mode, int], list[int]]:
     """Per (drafter, verifier, mode, draft position): [accepted, proposed] over the cycle's rows, each row's
     proposal tested up to its first rejection (so accepted / proposed at a position is the chance that a
     token there is accepted once every token before it was; `CycleReport.checked`). With `shadow`, also
-    the lookup's proposals judged in a cycle that did not run it (`CycleReport.shadow`)."""
+    the lookup's proposals judged in a cycle that did not run it (`CycleReport.shadow`). With `matches`,
+    the lookup's checks count twice: under its name and under its name with the row's match length
+    (`by_match`), for the scheduler to price its chains by the match each row has."""
     chain = report.chain
     counts: dict[tuple[str, str, Mode, int], list[int]] = defaultdict(lambda: [0, 0])
-    for level in range(1, len(chain)):
-        drafter, verifier = chain[level - 1], chain[level]
-        for index, (row, accepted) in enumerate(zip(rows, report.accepted[verifier])):
-            for position in range(report.checked(verifier, index)):
+
+    def add(drafters: Sequence[str], verifier: str, row: Row, accepted: int, checked: int) -> None:
+        for drafter in drafters:
+            for position in range(checked):
                 c = counts[(drafter, verifier, mode_of(row), position)]
                 c[0] += position < accepted
                 c[1] += 1
+
+    def lookup_names(drafter: str, index: int) -> list[str]:
+        return [drafter] if report.matches is None or not matches else [drafter, by_match(drafter, report.matches[index])]
+
+    for level in range(1, len(chain)):
+        drafter, verifier = chain[level - 1], chain[level]
+        for index, (row, accepted) in enumerate(zip(rows, report.accepted[verifier])):
+            names = lookup_names(drafter, index) if level == 1 and report.model_free else [drafter]
+            add(names, verifier, row, accepted, report.checked(verifier, index))
     for (drafter, verifier), per_row in (report.shadow if shadow else {}).items():   # judged, not run
-        for row, judgement in zip(rows, per_row):
+        for index, (row, judgement) in enumerate(zip(rows, per_row)):
             if judgement is not None:
-                accepted, checked = judgement
-                for position in range(checked):
-                    c = counts[(drafter, verifier, mode_of(row), position)]
-                    c[0] += position < accepted
-                    c[1] += 1
+                add(lookup_names(drafter, index), verifier, row, *judgement)
     return counts
 
 

@@ -72,7 +72,7 @@ class RouterMetrics:
         self.batch_size.observe(len(rows))
         self.cycle_seconds.labels(chain).observe(cycle_ns / 1e9)
         # the checks that ran (the lookup's judged-without-running ones go to the profiler alone)
-        counts = acceptance_counts(report, rows, shadow=False)
+        counts = acceptance_counts(report, rows, shadow=False, matches=False)
         for (drafter, verifier, greedy, position), (accepted, proposed) in counts.items():
             labels = (drafter, verifier, mode_label(greedy), str(position))
             self.accepted.labels(*labels).inc(accepted)

@@ -35,6 +35,9 @@ class Row:
     # per pair of models (both orders): (positions of the prompt where their argmax next tokens agree,
     # positions compared), from the prefill; how alike two models find this row before either drafts it
     prompt_agreement: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    # the lookup level's proposal after `tokens` and the length of its match, as (len(tokens) then,
+    # proposal, match length): LookupProposer.row_match
+    lookup_match: tuple[int, list[int], int] | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row grows its own copy, never the caller's prompt

@@ -21,6 +21,8 @@ calibration ties to the pairs measured now. Deep positions are checked rarely; t
 easy stretch long gone from making a long window look good. Positions deeper than any measured take the
 deepest one's estimate (greedy acceptance tends to rise with depth, so the pooled rate, dominated by
 position 0, would keep windows from growing); a pair never measured takes its prior at every position.
+The lookup level's checks are also kept per length of the match it copied from (`lookup.by_match`), each
+such pair shrunk towards the lookup's estimate over every match.
 
 The prior of a pair comes from its similarity (1 - E[TV] between the two models' rows) through a
 calibration, a least-squares line from similarity to realized acceptance fitted over the pairs already
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 
 from specrouter.pool.similarity import PairSimilarity
 from specrouter.contract.measures import EmaConstants, Mode
+from specrouter.router.lookup import level_of
 from specrouter.router.scheduling.candidates import Pair
 from specrouter.router.scheduling.snapshot import Snapshot
 
@@ -194,14 +197,20 @@ class AcceptanceEstimates:
         for pair, positions in self.observed.items():
             sim = self.similarity(pair)
             # weighted by checks, capped: a pair seen once counts little
-            if pair[2] == mode and sim is not None and pair[0] not in self.free:
+            if pair[2] == mode and sim is not None and level_of(pair[0]) not in self.free:
                 checks = sum(p.checks for p in positions.values())
                 points.append((sim, self.pair_acceptance(pair), min(checks, CALIBRATION_WEIGHT_CAP)))
         return points
 
     def prior(self, pair: Pair) -> float:
-        if pair[0] in self.free:
+        """A model pair's calibrated similarity; a model-free level's `free_prior`; that level's after a
+        match of some length (`by_match`), its estimate over every match at position 0."""
+        drafter, verifier, mode = pair
+        if drafter in self.free:
             return self.free_prior
+        level = level_of(drafter)
+        if level != drafter and level in self.free:
+            return self.rates((level, verifier, mode), 1)[0]
         sim = self.similarity(pair)
         return self.default_acceptance if sim is None else self.calibration[pair[2]](sim)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import NamedTuple
 
 from specrouter.contract.measures import Mode, bucket
 from specrouter.router.chain import TARGET_ONLY_BLOCK
+from specrouter.router.lookup import by_match
 from specrouter.router.requests import MAX_WINDOW
 from specrouter.router.scheduling.acceptance import AcceptanceEstimates, shifted
 from specrouter.router.scheduling.candidates import chain_pairs
@@ -39,7 +41,8 @@ log = logging.getLogger(__name__)
 
 class PlanKey(NamedTuple):
     """What a plan is made for: the batch's rows of each decoding mode (`composition`), the prompt shift of
-    every pair, and the record shift of `pairs` (None: every pair)."""
+    every pair, the record shift of `pairs` (None: every pair), and the length of the lookup level's match
+    (None: the lookup priced over every match)."""
 
     greedy: int
     sampling: int
@@ -47,6 +50,7 @@ class PlanKey(NamedTuple):
     common: int
     shift: int
     pairs: frozenset[tuple[str, str]] | None
+    match: int | None = None
 
     @property
     def composition(self) -> tuple[int, int, int]:
@@ -129,6 +133,8 @@ class Planner:
         self._version = 0
         self._last_snapshot_id = None
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
+        # (snapshot version, a plan key without its match) -> the predictions of the chains without a free level
+        self._model_chains: dict[tuple, list[Prediction]] = {}
         longest = max((max(self.windows(c)) for c in self.chains), default=0)
         self._finish_reach = FINISH_HORIZON + longest + 1   # tokens left a finish is costed to
         self._stop = threading.Event()
@@ -221,21 +227,33 @@ class Planner:
         return plan.version == self._version
 
     def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
-             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0, coupled_rows: int = 0) -> Plan:
+             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0, coupled_rows: int = 0,
+             match: int | None = None) -> Plan:
         """The ranking for a batch composition (with the acceptance of every pair shifted by `common` steps,
-        and of `pairs`, every pair if None, by `shift` more): the standing plan, made now if there is none
+        and of `pairs`, every pair if None, by `shift` more; the lookup level priced at its acceptance after
+        a match of `match` tokens, over every match if None): the standing plan, made now if there is none
         (or it is stale and no planner thread runs, or too old to serve: `_servable`). A shift the planner
         thread has not planned yet (or whose plan is too old) is left to it; the nearest servable planned
         shift serves meanwhile, and with none the plan is made now."""
-        key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None)
+        key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None,
+                      match)
         now = self._wanted[key] = self._clock()
         plan = self.plans.get(key)
         planner_running = self.thread is not None and self.thread.is_alive()
         if plan is not None and planner_running and not self._servable(plan, now):
             plan = None
-        if plan is None and (shift or common) and planner_running:
+        if plan is None and (shift or common):
+            # with the planner thread, the nearest servable shift serves until the thread has made this one;
+            # without it, a plan of the latest snapshot one step away serves (each plan made on the cycle's
+            # path costs a few ms, and a lone row's shifts move a step now and then)
+            if planner_running:
+                reach, usable = math.inf, functools.partial(self._servable, now=now)
+            else:
+                self._refresh_snapshot()
+                reach, usable = 1, lambda p: p.version == self._version or now - p.made_at < self.settings.recompute_s
             near = [k for k, p in self.plans.items()
-                    if k.composition == key.composition and k.pairs in (key.pairs, None) and self._servable(p, now)]
+                    if k.composition == key.composition and k.pairs in (key.pairs, None) and k.match == match
+                    and abs(k.common - common) + abs(k.shift - shift) <= reach and usable(p)]
             if near:
                 self.counts["stand_ins"] += 1
                 self._wake.set()
@@ -245,9 +263,10 @@ class Planner:
         return plan
 
     def make(self, greedy_rows: int, sampling_rows: int, coupled_rows: int = 0, common: int = 0, shift: int = 0,
-             pairs: frozenset[tuple[str, str]] | None = None, pause: bool = False) -> Plan:
+             pairs: frozenset[tuple[str, str]] | None = None, match: int | None = None, pause: bool = False) -> Plan:
         """The ranking for one composition, the acceptance rates of every pair shifted by `common` steps of
-        log-odds and those of `pairs` (every pair if None) by `shift` more. With `pause` (the planner
+        log-odds and those of `pairs` (every pair if None) by `shift` more, a model-free level's after a
+        match of `match` tokens (`lookup.by_match`; None: over every match). With `pause` (the planner
         thread), the GIL is offered after every chain, so that the cycle thread waiting on a worker's reply
         gets it at once, not after the interpreter's switch interval."""
         started = time.perf_counter_ns()
@@ -266,13 +285,23 @@ class Planner:
             cycle_overhead, known, scales = self._overheads(batch)
         overhead = functools.partial(call_overhead, known)
         later_passes = functools.partial(draft_scale, scales)
-        predictions = []
+        # the chains of models alone are priced alike whatever the lookup's match: plans that differ in it
+        # alone share those chains' predictions (made once per snapshot), and price the lookup's chains
+        models_key = (version, greedy_rows, sampling_rows, coupled_rows, common, shift, pairs)
+        shared = self._model_chains.get(models_key) if match is not None else None
+        if self._model_chains and next(iter(self._model_chains))[0] != version:
+            self._model_chains.clear()
+        predictions, of_models = [], []
         for chain in self.chains:
             if not all(m in latency.models() for m in chain):
                 continue
+            if shared is not None and chain[0] not in self._free:
+                continue
             windows = self.windows(chain)
             depth = max(windows) + len(chain)
-            groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in chain_pairs(chain)]
+            measured = [(by_match(d, match) if match is not None and d in self._free else d, v)
+                        for d, v in chain_pairs(chain)]
+            groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in measured]
                             for mode, n in counts.items() if n}
             if shift or common:
                 moved = [step * (common + (shift if pairs is None or pair in pairs else 0))
@@ -281,10 +310,17 @@ class Planner:
                                        for rates, odds in zip(per_pair, moved)]
                                 for mode, per_pair in groups_rates.items()}
             groups = [RowGroup(n, groups_rates[mode]) for mode, n in counts.items() if n]
-            predictions += predict_windows(chain, windows, groups, latency, overhead, cycle_overhead,
-                                           TARGET_ONLY_BLOCK, later_passes)
+            priced = predict_windows(chain, windows, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK,
+                                     later_passes)
+            predictions += priced
+            if chain[0] not in self._free:
+                of_models += priced
             if pause:
                 time.sleep(0)
+        if shared is not None:
+            predictions += shared
+        elif self._free:
+            self._model_chains[models_key] = of_models
         predictions.sort(key=lambda p: p.t_eff_ns)
         finish = Finish.of(predictions, FINISH_HORIZON, self._finish_reach) if batch == 1 and predictions else None
         self.counts["plans"] += 1

@@ -107,9 +107,18 @@ class Scheduler:
         self.planner.close()
 
     def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
-             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0, coupled_rows: int = 0) -> Plan:
+             pairs: frozenset[tuple[str, str]] | None = None, common: int = 0, coupled_rows: int = 0,
+             match: int | None = None) -> Plan:
         """The ranking for a batch composition, its pairs' acceptance shifted (Planner.plan)."""
-        return self.planner.plan(greedy_rows, sampling_rows, shift, pairs, common, coupled_rows)
+        return self.planner.plan(greedy_rows, sampling_rows, shift, pairs, common, coupled_rows, match)
+
+    def _match(self, batch: ChainBatch, rows: Sequence[Row]) -> int | None:
+        """The length of the lookup's match after a lone row's tokens, where the pool has the lookup;
+        otherwise None (a batch of rows is priced over every match)."""
+        if len(rows) != 1 or not self.levels:
+            return None
+        lookup_match = getattr(batch, "lookup_match", None)
+        return None if lookup_match is None else lookup_match(rows[0])
 
     def _note_snapshot(self, snapshot: Snapshot, now: float) -> None:
         self._recent.update(snapshot)
@@ -153,7 +162,9 @@ class Scheduler:
         modes = Counter(mode_of(r) for r in rows)
         greedy, sampling, coupled = modes[Mode.GREEDY], modes[Mode.SAMPLING], modes[Mode.COUPLED]
         common = self.prompts.value(rows)
-        base = plan = self.plan(greedy, sampling, common=common, coupled_rows=coupled)
+        # a lone row's next cycle is priced by the lookup's match after its tokens (a batch's by every match)
+        match = self._match(batch, rows)
+        base = plan = self.plan(greedy, sampling, common=common, coupled_rows=coupled, match=match)
         shift = self.records.value(rows)
         # the rows' record is of the pairs they ran, the standing chain's: rows that draft better than
         # predicted move those pairs alone (what one drafter finds easy another may not), rows that
@@ -161,7 +172,7 @@ class Scheduler:
         # record never makes a chain it did not measure look better than the one it did
         pairs = frozenset(chain_pairs(state.current.chain)) if state.current is not None and shift > 0 else None
         if shift:
-            plan = self.plan(greedy, sampling, shift, pairs, common, coupled)
+            plan = self.plan(greedy, sampling, shift, pairs, common, coupled, match)
         scales = self.context_scales.value(rows)
         score: Score = t_eff
         solo = None

@@ -12,8 +12,8 @@ from specrouter.contract.measures import Mode
 from specrouter.router.chain import ChainBatch
 from specrouter.router.cycle_report import CycleReport
 from specrouter.router.row import Row
-from specrouter.router.lookup import (LOOKUP, NO_GUESS, SHADOW_WINDOW, LookupProposer, judged, longest_match,
-                                     prompt_guesses)
+from specrouter.router.lookup import (LOOKUP, NO_GUESS, SHADOW_WINDOW, LookupProposer, by_match, judged,
+                                     level_of, longest_match, prompt_guesses)
 from specrouter.router.measurements import acceptance_counts
 from specrouter.router.scheduling.candidates import candidate_chains
 from specrouter.router.scheduling.scheduler import Scheduler
@@ -193,3 +193,123 @@ def test_the_lookups_chains_are_planned_at_longer_windows_too() -> None:
     for r in row.rows.values():
         r.max_new_tokens = 200
     assert sched.choose(row) == ((LOOKUP, "t"), 15)
+
+
+# -- the lookup's acceptance per match length ----------------------------------------------------------------
+
+
+def test_the_lookup_reports_the_length_of_the_match_it_copies_from() -> None:
+    lookup = LookupProposer(recent_tokens=0)
+    assert lookup.match([5, 6, 7, 8, 5, 6, 7], 4) == ([8, 5, 6, 7], 3)
+    assert lookup.match([1, 5, 9, 5], 4) == ([9, 5], 1)
+    assert lookup.match([1, 2, 3], 4) == ([], 0)
+    assert level_of(by_match(LOOKUP, 2)) == LOOKUP and level_of("t") == "t"
+    row = _row([4, 4, 4])
+    assert lookup.row_match(row) == ([4], 2)
+    row.tokens.extend([7, 4, 4])                # the memo follows the row's tokens
+    assert lookup.row_match(row) == ([7, 4, 4], 2)
+
+
+def test_the_lookups_checks_are_filed_under_the_match_length_too() -> None:
+    rows = [Row(str(i), [1, 2, 3], 3, SamplingParams(), 8) for i in range(2)]
+    ran = CycleReport((LOOKUP, "a", "t"), 4, emitted={}, accepted={"a": [2, 0], "t": [3, 1]},
+                      proposed={"a": [4, 0], "t": [3, 1]}, results={}, model_free=True, matches=[3, 0])
+    counts = acceptance_counts(ran, rows)
+    # (lookup, a) under its name and under the match length of each row; (a, t) under its name alone
+    assert counts[(by_match(LOOKUP, 3), "a", Mode.GREEDY, 0)] == [1, 1]
+    assert counts[(by_match(LOOKUP, 3), "a", Mode.GREEDY, 2)] == [0, 1]
+    assert counts[(by_match(LOOKUP, 0), "a", Mode.GREEDY, 0)] == [0, 1]
+    assert counts[(LOOKUP, "a", Mode.GREEDY, 0)] == [1, 2]
+    assert not any(k[0] == by_match("a", 3) or (k[0] != LOOKUP and k[0] != "a" and k[1] == "t") for k in counts)
+    judged_only = CycleReport(("a", "t"), 2, emitted={}, accepted={"t": [2, 1]}, proposed={"t": [2, 2]},
+                              results={}, shadow={(LOOKUP, "t"): [(2, 3), None]}, matches=[1, 2])
+    counts = acceptance_counts(judged_only, rows)
+    assert counts[(by_match(LOOKUP, 1), "t", Mode.GREEDY, 1)] == [1, 1]
+    assert (by_match(LOOKUP, 2), "t", Mode.GREEDY, 0) not in counts    # no judgement, nothing filed
+    # Prometheus shows the checks that ran, by level, not by match
+    assert not any("@" in k[0] for k in acceptance_counts(ran, rows, shadow=False, matches=False))
+
+
+def test_a_cycle_reports_each_rows_match_before_it_ran(tiny_pool) -> None:
+    batch = ChainBatch({**tiny_pool, LOOKUP: LookupProposer(recent_tokens=0)}, "t", CONTEXT)
+    prompts = [[3, 4, 5, 3, 4, 5, 3, 4], [9, 8, 7, 6]]
+    batch.add([Row(str(i), p, len(p), SamplingParams(), 20) for i, p in enumerate(prompts)])
+    try:
+        expected = [longest_match(p, SHADOW_WINDOW)[1] for p in prompts]
+        assert [batch.lookup_match(r) for r in batch.rows.values()] == expected == [3, 0]
+        for chain in (("s", "t"), (LOOKUP, "t")):
+            before = [longest_match(r.tokens, SHADOW_WINDOW)[1] for r in batch.rows.values()]
+            assert batch.step(chain, 3).matches == before
+    finally:
+        batch.release()
+    assert ChainBatch(tiny_pool, "t", CONTEXT).lookup_match(_row([1, 1])) is None   # no lookup level
+
+
+def _by_match_snapshot(rates: dict[int, float], pooled: float):
+    s = snapshot_pb({("a", "t"): 0.6, ("b", "t"): 0.65, ("a", "b"): 0.6, (LOOKUP, "t"): pooled,
+                     (LOOKUP, "a"): pooled, (LOOKUP, "b"): pooled,
+                     **{(by_match(LOOKUP, n), v): r for n, r in rates.items() for v in ("a", "b", "t")}})
+    return snapshot_from_pb(s)
+
+
+class _MatchBatch(FakeBatch):
+    def __init__(self, match: int):
+        super().__init__(1)
+        self.match = match
+        for r in self.rows.values():
+            r.max_new_tokens = 200
+
+    def lookup_match(self, row: Row) -> int:
+        return self.match
+
+
+def test_a_lone_rows_cycle_is_priced_by_the_lookups_match_after_its_tokens() -> None:
+    """The lookup copies well after a long match and never after none; over every match its rate is
+    middling. A row whose lookup found a long match runs the lookup's chain at a long window; one with no
+    match runs a model's chain; a batch of rows is priced over every match."""
+    snap = _by_match_snapshot({0: 0.0, 1: 0.3, 3: 0.97}, pooled=0.5)
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, chain_hysteresis=0.0,
+                                                              hysteresis=0.0),
+                      lambda: snap, clock=Clock(), levels=[LOOKUP])
+    chain, window = sched.choose(_MatchBatch(3))
+    assert chain[0] == LOOKUP and window > 8, (chain, window)
+    chain, window = sched.choose(_MatchBatch(0))
+    assert LOOKUP not in chain, (chain, window)
+    # a match length never measured takes the lookup's estimate over every match
+    estimates = sched.planner.make(1, 0).estimates
+    unmeasured = estimates.rates((by_match(LOOKUP, 2), "t", Mode.GREEDY), 4)
+    assert unmeasured == pytest.approx([estimates.rates((LOOKUP, "t", Mode.GREEDY), 1)[0]] * 4)
+    assert estimates.calibration == Scheduler(list(DECODE_MS), "t", SchedulerSettings(),
+                                              lambda: _by_match_snapshot({}, pooled=0.5), clock=Clock(),
+                                              levels=[LOOKUP]).planner.make(1, 0).estimates.calibration
+
+
+def test_plans_apart_by_match_share_the_model_chains_and_price_the_lookups_alone() -> None:
+    snap = _by_match_snapshot({0: 0.0, 3: 0.9}, pooled=0.5)
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snap, clock=Clock(), levels=[LOOKUP])
+    fresh = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snap, clock=Clock(), levels=[LOOKUP])
+    over_all = sched.planner.make(1, 0, common=1)
+    for match in (0, 3):
+        plan = sched.planner.make(1, 0, common=1, match=match)
+        alone = fresh.planner.make(1, 0, common=1, match=match)   # made from scratch, nothing shared
+        assert plan.by_key.keys() == alone.by_key.keys() == over_all.by_key.keys()
+        for key, p in plan.by_key.items():
+            assert p.t_eff_ns == pytest.approx(alone.by_key[key].t_eff_ns, rel=1e-9), key
+            if key[0][0] != LOOKUP:
+                assert p is over_all.by_key[key]                   # shared, not recomputed
+        fresh.planner._model_chains.clear()
+    assert (sched.planner.make(1, 0, common=1, match=3).by_key[((LOOKUP, "t"), 8)].emitted
+            > over_all.by_key[((LOOKUP, "t"), 8)].emitted
+            > sched.planner.make(1, 0, common=1, match=0).by_key[((LOOKUP, "t"), 8)].emitted)
+
+
+def test_without_a_planner_thread_a_plan_one_step_away_serves() -> None:
+    """On the cycle's path every plan made costs the cycle; a lone row's record moves its shift a step now
+    and then, and a plan of the latest snapshot one step away serves it; two steps away, a plan is made."""
+    snap = _by_match_snapshot({}, pooled=0.5)
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snap, clock=Clock(), levels=[LOOKUP])
+    first = sched.plan(1, 0, shift=1)
+    made = sched.counts["plans"]
+    assert sched.plan(1, 0, shift=2) is first and sched.counts["plans"] == made
+    assert sched.plan(1, 0, shift=3) is not first and sched.counts["plans"] == made + 1
+    assert sched.plan(1, 0, shift=2, match=3) is not first    # another match is not a step away
