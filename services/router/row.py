@@ -38,6 +38,7 @@ class Row:
     # the lookup level's proposal after `tokens` and the length of its match, as (len(tokens) then,
     # proposal, match length): LookupProposer.row_match
     lookup_match: tuple[int, list[int], int] | None = None
+    lookup_ngrams: object | None = None   # lookup.RowNgrams over `tokens`, for the above
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row grows its own copy, never the caller's prompt

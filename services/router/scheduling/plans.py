@@ -235,6 +235,8 @@ class Planner:
         (or it is stale and no planner thread runs, or too old to serve: `_servable`). A shift the planner
         thread has not planned yet (or whose plan is too old) is left to it; the nearest servable planned
         shift serves meanwhile, and with none the plan is made now."""
+        if pairs is None:   # every pair moved by common + shift steps: one plan whichever part moves it
+            common, shift = common + shift, 0
         key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None,
                       match)
         now = self._wanted[key] = self._clock()

@@ -12,8 +12,8 @@ from specrouter.contract.measures import Mode
 from specrouter.router.chain import ChainBatch
 from specrouter.router.cycle_report import CycleReport
 from specrouter.router.row import Row
-from specrouter.router.lookup import (LOOKUP, NO_GUESS, SHADOW_WINDOW, LookupProposer, by_match, judged,
-                                     level_of, longest_match, prompt_guesses)
+from specrouter.router.lookup import (LOOKUP, NO_GUESS, SHADOW_WINDOW, LookupProposer, RowNgrams, by_match,
+                                     judged, level_of, longest_match, prompt_guesses)
 from specrouter.router.measurements import acceptance_counts
 from specrouter.router.scheduling.candidates import candidate_chains
 from specrouter.router.scheduling.scheduler import Scheduler
@@ -313,3 +313,18 @@ def test_without_a_planner_thread_a_plan_one_step_away_serves() -> None:
     assert sched.plan(1, 0, shift=2) is first and sched.counts["plans"] == made
     assert sched.plan(1, 0, shift=3) is not first and sched.counts["plans"] == made + 1
     assert sched.plan(1, 0, shift=2, match=3) is not first    # another match is not a step away
+
+
+def test_a_rows_growing_ngram_index_matches_as_a_scan_of_the_row_does() -> None:
+    """`RowNgrams` keeps `longest_match` up to date as a row grows (and starts over where the sequence is not
+    an extension of the last one): the same proposal and match length at every step."""
+    rng = random.Random(5)
+    for _ in range(300):
+        ngrams = RowNgrams()
+        tokens = [rng.randrange(rng.choice([3, 6, 50])) for _ in range(rng.randrange(0, 40))]
+        for _ in range(20):
+            window = rng.randrange(0, 10)
+            assert ngrams.match(tokens, window) == longest_match(tokens, window), (tokens, window)
+            tokens = tokens + [rng.randrange(6) for _ in range(rng.randrange(0, 4))]
+            if rng.random() < 0.05:
+                tokens = tokens[: len(tokens) // 2]

@@ -122,7 +122,8 @@ def _planned_after_record(rate: float, record: list[float]):
     for r in batch.rows.values():
         sched.records[r] = Tally(*record)
     sched.choose(batch)
-    (key,) = [k for k in sched.planner.plans if k.shift != 0 and k.greedy == 2]   # (the one-row plan is shifted too)
+    # (the one-row plan is shifted too; a shift of every pair is planned as a common one)
+    (key,) = [k for k in sched.planner.plans if (k.shift or k.common) and k.greedy == 2]
     return key, sched.planner.plans[key], sched.plan(2, 0)
 
 
@@ -144,7 +145,7 @@ def test_a_batch_shift_down_moves_every_pair() -> None:
     """Rows drafting worse than predicted on (a, t) are planned with every pair shifted down, so that no
     chain they never ran gains on the standing one; target-only, with no pair, keeps its cost."""
     key, shifted_plan, base = _planned_after_record(0.7, [30.0, 100.0, 70.0, 100.0])
-    assert key.shift < 0 and key.pairs is None
+    assert key.common < 0 and key.shift == 0 and key.pairs is None
     for p in shifted_plan.predictions:
         before = base.by_key[(p.chain, p.window)]
         if len(p.chain) == 1:
