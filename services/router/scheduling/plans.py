@@ -246,16 +246,13 @@ class Planner:
             plan = None
         if plan is None and (shift or common):
             # with the planner thread, the nearest servable shift serves until the thread has made this one;
-            # without it, a plan of the latest snapshot one step away serves (each plan made on the cycle's
-            # path costs a few ms, and a lone row's shifts move a step now and then)
-            if planner_running:
-                reach, usable = math.inf, functools.partial(self._servable, now=now)
-            else:
-                self._refresh_snapshot()
-                reach, usable = 1, lambda p: p.version == self._version or now - p.made_at < self.settings.recompute_s
+            # without it, a servable plan one step away serves (each plan made on the cycle's path costs the
+            # cycle a few ms, and rows' shifts differ by a step from request to request and move a step now
+            # and then)
+            reach = math.inf if planner_running else 1
             near = [k for k, p in self.plans.items()
                     if k.composition == key.composition and k.pairs in (key.pairs, None) and k.match == match
-                    and abs(k.common - common) + abs(k.shift - shift) <= reach and usable(p)]
+                    and abs(k.common - common) + abs(k.shift - shift) <= reach and self._servable(p, now)]
             if near:
                 self.counts["stand_ins"] += 1
                 self._wake.set()
