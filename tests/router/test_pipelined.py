@@ -334,6 +334,30 @@ def test_a_pipelined_cluster_emits_the_targets_tokens_through_its_workers(pipeli
     assert len({tuple(t) for t in seeded.values()}) == 1, seeded
 
 
+def test_a_stop_string_ends_a_pipelined_chain_where_it_ends_target_only(pipelined_cluster) -> None:
+    """A stop string the target's output reaches mid-way (a piece of its own text): the pipelined chains end
+    'stop' on the tokens and text target-only ends on, though their ahead drafts ran past it."""
+    pool = InProcessPool.open(DEMO_POOL)
+    prompts = heldout_code_prompts(6)
+    free = pool.generate(prompts, [SERVED_TARGET], 0, SamplingParams(), 24)
+    checked = 0
+    with Client(pipelined_cluster.router.address) as client:
+        for prompt, g in zip(prompts, free):
+            stop = g.text[len(g.text) // 2:][:3]
+            if len(g.token_ids) < 8 or not stop.strip() or checked == 3:
+                continue
+            alone = client.generate(prompt, max_new_tokens=24, stop=[stop], chain=SERVED_TARGET)
+            assert alone.finish_reason == "stop" and len(alone.token_ids) < len(g.token_ids)
+            for chain, window in [(f"{SERVED_DRAFTER},{SERVED_TARGET}", 3),
+                                  (f"{SERVED_DRAFTER},{SERVED_MIDDLE},{SERVED_TARGET}", 2)]:
+                got = client.generate(prompt, max_new_tokens=24, stop=[stop], chain=chain, window=window)
+                assert (got.finish_reason, got.token_ids, got.text) == (alone.finish_reason, alone.token_ids,
+                                                                        alone.text), (chain, stop)
+                assert got.stats.breakdown.ahead.calls > 0
+            checked += 1
+    assert checked >= 2, "too few outputs with text to stop at; pick other prompts"
+
+
 def test_a_router_that_pipelines_where_it_pays_emits_the_targets_tokens(pipelined_cluster, tmp_path) -> None:
     """`--pipelined auto` over the same workers: the gate decides cycle by cycle, the tokens stay the target's,
     and its trials run ahead drafts (the first cycles of a chain try both modes)."""
