@@ -283,9 +283,10 @@ class LookupProposer:
                 del tokens[len(tokens) - r.rollback:]
                 tokens.extend(r.pending)
             ngrams = self._ngrams.setdefault(state_id, {})
-            proposals = [self._match(tokens, window, ngrams.setdefault(r.row_id, RowNgrams(self.max_ngram,
-                                                                                           self.min_ngram)))[0]
-                         for r, tokens in zip(rows, histories)]
+            for r in rows:
+                if r.row_id not in ngrams:
+                    ngrams[r.row_id] = self._index()
+            proposals = [self._match(tokens, window, ngrams[r.row_id])[0] for r, tokens in zip(rows, histories)]
             for tokens, proposal in zip(histories, proposals):   # cached as a model caches its draft: all but
                 tokens.extend(proposal[:-1])                      # the last token, which it never fed
         return StepResult(tokens=proposals, rows=[None] * len(rows))
@@ -307,15 +308,14 @@ class LookupProposer:
         memo = row.lookup_match
         if memo is None or memo[0] != len(row.tokens):
             if row.lookup_ngrams is None:
-                row.lookup_ngrams = RowNgrams(self.max_ngram, self.min_ngram)
-            proposal, n = row.lookup_ngrams.match(row.tokens, SHADOW_WINDOW)
-            if n < self.max_ngram:
-                with self._lock:
-                    elsewhere, m = self.recent.match(row.tokens, SHADOW_WINDOW, longer_than=n)
-                if m > n:
-                    proposal, n = elsewhere, m
+                row.lookup_ngrams = self._index()
+            with self._lock:
+                proposal, n = self._match(row.tokens, SHADOW_WINDOW, row.lookup_ngrams)
             memo = row.lookup_match = (len(row.tokens), proposal, n)
         return memo[1], memo[2]
+
+    def _index(self) -> RowNgrams:
+        return RowNgrams(self.max_ngram, self.min_ngram)
 
     def _match(self, tokens: Sequence[int], window: int, ngrams: RowNgrams | None = None) -> tuple[list[int], int]:
         """The row's own longest match (from `ngrams`, the row's index, where given), or a longer one in the

@@ -49,8 +49,10 @@ def acceptance_counts(report: CycleReport, rows: Sequence[Row], shadow: bool = T
                 c[0] += position < accepted
                 c[1] += 1
 
+    per_match = report.matches if matches else None
+
     def lookup_names(drafter: str, index: int) -> list[str]:
-        return [drafter] if report.matches is None or not matches else [drafter, by_match(drafter, report.matches[index])]
+        return [drafter] if per_match is None else [drafter, by_match(drafter, per_match[index])]
 
     for level in range(1, len(chain)):
         drafter, verifier = chain[level - 1], chain[level]
