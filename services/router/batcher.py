@@ -74,7 +74,8 @@ class Batcher:
                  eos_token_id: int | None, *, chooser: ChainChooser | None = None,
                  observers: Sequence[CycleObserver] = (), decode: Decode | None = None, prompt_positions: int = 0,
                  health: WorkerHealth | None = None, target_wait_s: float = 0.0,
-                 levels: Mapping[str, Worker] | None = None, pipelined: bool | PipelineGate = False):
+                 levels: Mapping[str, Worker] | None = None, pipelined: bool | PipelineGate = False,
+                 lookup_fallback_window: int = 3):
         # one worker per model, or every replica of each (a router's)
         self.replicas = workers if isinstance(workers, ReplicaSet) else ReplicaSet.fixed(workers)
         self.health = health or WorkerHealth(self.replicas, target)
@@ -84,6 +85,7 @@ class Batcher:
         # batches whose drafter drafts ahead while the levels above verify: always, or where the gate measures
         # it faster (one gate for every batch)
         self.pipelined = pipelined
+        self.lookup_fallback_window = lookup_fallback_window   # `ChainBatch`'s
         self.target = target
         self.context_length = context_length
         self.stop_tokens = frozenset() if eos_token_id is None else frozenset({eos_token_id})
@@ -171,7 +173,7 @@ class Batcher:
                 workers = workers_of_chain(key.chain, {**self.placement.place(self.batches.loads()), **self.levels})
                 batch = ChainBatch(workers, self.target, self.context_length,
                                    prompt_positions=self.prompt_positions, orphans=self.orphans,
-                                   pipelined=self.pipelined)
+                                   pipelined=self.pipelined, lookup_fallback_window=self.lookup_fallback_window)
             except ModelUnavailable as exc:
                 for h in group:
                     h.events.put(Failed(exc))

@@ -111,11 +111,13 @@ class ChainBatch:
 
     def __init__(self, workers: Mapping[str, Worker], target: str, context_length: int,
                  state_id: str | None = None, prompt_positions: int = 0, orphans: Orphans | None = None,
-                 pipelined: bool | PipelineGate = False):
+                 pipelined: bool | PipelineGate = False, lookup_fallback_window: int = 3):
         if target not in workers:
             raise ValueError(f"target {target!r} is not among the workers {sorted(workers)}")
         if prompt_positions < 0:
             raise ValueError(f"prompt_positions must be >= 0, got {prompt_positions}")
+        if lookup_fallback_window < 0:
+            raise ValueError(f"lookup_fallback_window must be >= 0, got {lookup_fallback_window}")
         self.workers = dict(workers)
         self.target = target
         self.context_length = context_length
@@ -134,6 +136,9 @@ class ChainBatch:
         # the drafter drafts ahead while the levels above verify (where it runs in another process): in
         # every cycle, or in those where the gate measures it faster than lock-step
         self.pipelined = pipelined
+        # in a chain of three or more levels that starts with the lookup, a cycle where no row has a match
+        # runs as the chain above it: its next level drafts this many tokens (0: it hands up one token)
+        self.lookup_fallback_window = lookup_fallback_window
         self._ahead: Ahead | None = None   # what the last cycle's ahead draft left for the next one
         # the chain and window of the last cycle, where it ran an ahead draft and accepted its whole proposal
         self._ahead_ran: tuple[tuple[str, ...], int] | None = None
@@ -412,8 +417,12 @@ class ChainBatch:
 
     def _verify_levels(self, chain, rows, room, proposal, proposal_rows, results, call_ns, accepted, proposed,
                        processed) -> None:
-        """Each level above the drafter checks the proposal handed up to it and hands up its own."""
-        for level, model in enumerate(chain[1:], start=1):
+        """Each level above the drafter checks the proposal handed up to it and hands up its own; where the
+        lookup (the drafter) proposed nothing for any row, its next level drafts instead (`_draft_for_lookup`)."""
+        first = 1
+        if self._draft_for_lookup(chain, rows, room, proposal, results, call_ns, accepted, proposed, processed):
+            proposal, proposal_rows, first = results[chain[1]].tokens, results[chain[1]].rows, 2
+        for level, model in enumerate(chain[first:], start=first):
             hand_up = model != chain[-1]
             # near the end of the context a proposal is cut to the room, by its last tokens: a prefix of a
             # proposal is verified as the whole would be, so the emitted tokens are the target's still
@@ -435,6 +444,36 @@ class ChainBatch:
             accepted[model] = result.accepted
             proposed[model] = [len(p) for p in proposal]
             proposal, proposal_rows = result.tokens, result.rows
+
+    def _draft_for_lookup(self, chain, rows, room, proposal, results, call_ns, accepted, proposed,
+                          processed) -> bool:
+        """In a chain of three or more levels that starts with the lookup, a cycle whose rows have no match
+        at all (the lookup proposed no token) would have its next level verify nothing and hand up one token;
+        that level drafts `lookup_fallback_window` tokens instead, as the drafter of the chain above the
+        lookup, which the levels above then verify. True where it drafted.
+
+        The lookup's checks are filed as in any cycle (nothing offered: rejected at its first position), the
+        level's draft as its own proposal to the level above. The output stays the target's: the target
+        verifies every token, whoever drafted it. A batch whose rows are mixed (some with a match, some
+        without) runs the chain as it is: a level's call covers every row of the batch's state."""
+        if (len(chain) < 3 or not self.lookup_fallback_window or any(proposal)
+                or not isinstance(self.workers[chain[0]], LookupProposer)):
+            return False
+        model = chain[1]
+        # each level above it but the target hands up one token more than it was given
+        window = max(1, min(self.lookup_fallback_window, room - (len(chain) - 3), self.max_window or room))
+        started = time.perf_counter_ns()
+        try:
+            result = self.workers[model].draft(self.state_ids[model], 1, window, self._steps(model, rows),
+                                               hand_up=True)
+        except Exception as exc:
+            raise self._call_failed(model, exc, rows) from exc
+        call_ns[model] = time.perf_counter_ns() - started
+        results[model] = result
+        processed[model] = [t[:-1] for t in result.tokens]   # its cache past the rows' tokens, as a drafter's
+        accepted[model] = [0] * len(rows)
+        proposed[model] = [0] * len(rows)
+        return True
 
     # -- the ahead draft of a pipelined batch ----------------------------------------------------------
 

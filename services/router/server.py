@@ -121,7 +121,8 @@ class Router:
                                prompt_positions=settings.scheduler.prompt_positions if settings.adaptive else 0,
                                target_wait_s=settings.target_wait_s, levels=self.levels,
                                pipelined=PipelineGate() if settings.pipelined == "auto"
-                               else settings.pipelined == "always")
+                               else settings.pipelined == "always",
+                               lookup_fallback_window=settings.lookup_fallback_window)
 
     def start(self) -> None:
         self.replicas.start()

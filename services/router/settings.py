@@ -53,6 +53,10 @@ class RouterSettings(BaseSettings):
     # tokens of earlier requests the lookup also copies from (0: each request's own only; a request that
     # repeats another's text then runs faster, which tenants who must not learn of each other's text may see)
     lookup_recent_tokens: int = Field(1 << 16, ge=0)
+    # in a chain of three or more levels that starts with the lookup ("lookup,1m,29m"), a cycle where no row
+    # has a match runs as the chain above the lookup, its next level drafting this many tokens (0: that level
+    # hands up the one token it verifies past nothing)
+    lookup_fallback_window: int = Field(3, ge=0)
     # admission: a request over one of the first three is refused (INVALID_ARGUMENT); one that finds
     # max_in_flight requests generating waits in a line of max_queued, and beyond it is refused
     # (RESOURCE_EXHAUSTED). Unary calls and streams count alike.

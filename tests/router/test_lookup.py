@@ -3,7 +3,9 @@
 Greedy: token ids equal to target-only decoding for every chain that starts with the lookup, windows 1-8,
 with rows joining and leaving a running batch. Sampled: a chi-square over many seeds against the target's
 exact joint distribution of two new tokens (P_THRESHOLD is its false-positive rate), with a power control
-that must fail: the lookup's point-mass proposal passed off as drawn from a uniform distribution.
+that must fail: the lookup's point-mass proposal passed off as drawn from a uniform distribution. A cycle
+where the lookup proposed nothing has its next level draft: the same greedy and sampled checks on that
+path, the sampled one with a drafter that hands up uniform rows as its power control.
 """
 
 from __future__ import annotations
@@ -235,3 +237,82 @@ def test_the_lookup_may_only_start_a_chain() -> None:
         parse_chain("s,lookup,t", names, "t", drafts_only={LOOKUP})
     with pytest.raises(ValueError, match="can only start a chain"):
         ChainBatch({"s": object(), LOOKUP: LookupProposer(), "t": object()}, "t", 64)._check_chain(("s", LOOKUP, "t"))
+
+
+# -- a cycle without a match: the next level drafts ----------------------------------------------------
+
+
+NO_MATCH = [1, 2, 3, 4, 5, 6, 7]   # its last token occurs once: the lookup has nothing to copy after it
+
+
+class UniformDraftRows:
+    """A drafter whose sampled drafts are handed up as drawn from a uniform distribution: a deliberately
+    broken level, for the power of the sampled test of the lookup's fallback draft."""
+
+    def __init__(self, engine):
+        self.engine, self.name = engine, engine.name
+
+    def __getattr__(self, item):
+        return getattr(self.engine, item)
+
+    def draft(self, state_id, level, window, rows, hand_up=True):
+        out = self.engine.draft(state_id, level, window, rows, hand_up)
+        out.rows = [None if r is None else torch.full_like(r, 1.0 / VOCAB) for r in out.rows]
+        return out
+
+
+@pytest.mark.parametrize("chain", [(LOOKUP, "s", "t"), (LOOKUP, "s", "m", "t")], ids=["lookup,s,t", "lookup,s,m,t"])
+@pytest.mark.parametrize("fallback", [3, 0])
+def test_a_row_without_a_match_drafts_with_the_next_level(tiny_pool, chain, fallback) -> None:
+    """One row at a time through a chain that starts with the lookup, at window 8: in a cycle where the lookup
+    proposed nothing, the level above it drafts `fallback` tokens for the levels above (0: it hands up the
+    one token it verified past nothing). The ids are target-only's either way."""
+    prompts = [[9, 17, 33, 41, 2, 58, 11], *repetitive_prompts(random.Random(8), 2)]
+    expected = []
+    b = batcher(tiny_pool)
+    b.start()
+    try:
+        for p in prompts:
+            expected.append(outcome(b.submit(GenerationRequest(p, SamplingParams(), 40, chain=("t",), window=1)))
+                            .token_ids)
+    finally:
+        b.stop()
+    recorded = RecordedCycles()
+    b = Batcher(tiny_pool, "t", CONTEXT, None, observers=[recorded], levels={LOOKUP: LookupProposer()},
+                lookup_fallback_window=fallback)
+    b.start()
+    try:
+        got = [outcome(b.submit(GenerationRequest(p, SamplingParams(), 40, chain=chain, window=8))).token_ids
+               for p in prompts]
+    finally:
+        b.stop()
+    assert got == expected
+    above = chain[2]
+    without = [r for r, _ in recorded.cycles if r.proposed[chain[1]] == [0]]   # the lookup proposed nothing
+    matched = [r for r, _ in recorded.cycles if r.proposed[chain[1]] != [0]]
+    assert without and matched, (len(without), len(matched))
+    handed = {r.proposed[above][0] for r in without if len(r.emitted[next(iter(r.emitted))]) > 0}
+    # where the row still wants that many tokens, the level above is handed the whole draft
+    assert max(handed) == (fallback or 1), handed
+    assert all(r.matches == [0] for r in without)
+    # the lookup's checks are filed as in any cycle: nothing offered, rejected at its first position
+    assert all(r.checked(chain[1], 0) == 1 and r.accepted[chain[1]] == [0] for r in without)
+
+
+@pytest.mark.parametrize("params", [PARAMS[0], PARAMS[2]], ids=["plain", "coupled"])
+def test_sampling_through_the_lookups_fallback_draft_matches_the_target(sharp, params) -> None:
+    """Every row's prompt has no match, so the small drafter drafts for the target in the first cycle."""
+    expected = exact_joint(sharp["t"].forward.model, params, NO_MATCH)
+    drafted = []
+    counts = sample_chain({**sharp, LOOKUP: LookupProposer()}, (LOOKUP, "s", "t"), 2, params, NO_MATCH,
+                          lambda report: drafted.append(report.proposed["t"][0]))
+    assert drafted[0] == 3, drafted   # the small model drafted for the target (the fallback window, 3)
+    assert chi_square_p_value(counts, expected) > P_THRESHOLD
+
+
+def test_the_fallback_sampling_test_fails_when_the_drafts_rows_are_wrong(sharp) -> None:
+    params = PARAMS[0]
+    expected = exact_joint(sharp["t"].forward.model, params, NO_MATCH)
+    counts = sample_chain({**sharp, "s": UniformDraftRows(sharp["s"]), LOOKUP: LookupProposer()},
+                          (LOOKUP, "s", "t"), 2, params, NO_MATCH)
+    assert chi_square_p_value(counts, expected) < P_THRESHOLD
