@@ -357,14 +357,7 @@ class ChainBatch:
         drafter = chain[0]   # the target of a target-only chain drafts its own output
         ahead, self._ahead = self._ahead_for(chain, window, rows), None
         if ahead is None:
-            started = time.perf_counter_ns()
-            try:
-                result = self.workers[drafter].draft(self.state_ids[drafter], 0, window,
-                                                     self._steps(drafter, rows), hand_up=len(chain) > 1)
-            except Exception as exc:
-                raise self._call_failed(drafter, exc, rows) from exc
-            call_ns[drafter] = time.perf_counter_ns() - started
-            results[drafter] = result
+            result = self._draft(drafter, 0, window, rows, len(chain) > 1, results, call_ns)
             proposal, proposal_rows = result.tokens, result.rows
             cached = [t[:-1] for t in proposal]   # the drafter's cache past the rows' tokens
         else:
@@ -445,6 +438,20 @@ class ChainBatch:
             proposed[model] = [len(p) for p in proposal]
             proposal, proposal_rows = result.tokens, result.rows
 
+    def _draft(self, model: str, level: int, window: int, rows: Sequence[Row], hand_up: bool,
+               results: dict[str, StepResult], call_ns: dict[str, int]) -> StepResult:
+        """`model` drafts `window` tokens for the rows at `level`; its result and the call's time are recorded
+        in `results` and `call_ns`."""
+        started = time.perf_counter_ns()
+        try:
+            result = self.workers[model].draft(self.state_ids[model], level, window, self._steps(model, rows),
+                                               hand_up=hand_up)
+        except Exception as exc:
+            raise self._call_failed(model, exc, rows) from exc
+        call_ns[model] = time.perf_counter_ns() - started
+        results[model] = result
+        return result
+
     def _draft_for_lookup(self, chain, rows, room, proposal, results, call_ns, accepted, proposed,
                           processed) -> bool:
         """In a chain of three or more levels that starts with the lookup, a cycle whose rows have no match
@@ -462,14 +469,7 @@ class ChainBatch:
         model = chain[1]
         # each level above it but the target hands up one token more than it was given
         window = max(1, min(self.lookup_fallback_window, room - (len(chain) - 3), self.max_window or room))
-        started = time.perf_counter_ns()
-        try:
-            result = self.workers[model].draft(self.state_ids[model], 1, window, self._steps(model, rows),
-                                               hand_up=True)
-        except Exception as exc:
-            raise self._call_failed(model, exc, rows) from exc
-        call_ns[model] = time.perf_counter_ns() - started
-        results[model] = result
+        result = self._draft(model, 1, window, rows, True, results, call_ns)
         processed[model] = [t[:-1] for t in result.tokens]   # its cache past the rows' tokens, as a drafter's
         accepted[model] = [0] * len(rows)
         proposed[model] = [0] * len(rows)
