@@ -172,30 +172,31 @@ def predict(chain: Sequence[str], window: int, groups: Sequence[RowGroup], laten
                       max(0.0, square - emitted * emitted), tuple(mixed))
 
 
-def _acceptance_matrix(rates: Sequence[float], longest: int) -> tuple[np.ndarray, np.ndarray]:
-    """accepted_distribution as a matrix over proposal lengths 0 .. `longest`: T[l, m + 1] = P(a proposal
-    of l tokens hands up m + 1), and the expected positions checked for each l."""
-    a = np.array([rates[m] if m < len(rates) else rates[-1] for m in range(longest + 1)])
-    reach = np.concatenate(([1.0], np.cumprod(a)[:-1]))   # P(the first m positions accepted)
+def _acceptance_matrices(rates: Sequence[Sequence[float]], longest: int) -> tuple[np.ndarray, np.ndarray]:
+    """accepted_distribution as a matrix over proposal lengths 0 .. `longest`, for each row group's rates:
+    T[g, l, m + 1] = P(a proposal of l tokens hands up m + 1), and the expected positions checked for
+    each l (tried[g, l])."""
+    a = np.array([[r[m] if m < len(r) else r[-1] for m in range(longest + 1)] for r in rates])
+    groups = len(rates)
+    reach = np.ones_like(a)                                # P(the first m positions accepted)
+    reach[:, 1:] = np.cumprod(a, axis=1)[:, :-1]
     ended = reach * (1.0 - a)                              # P(m accepted, then a rejection)
     lengths = np.arange(longest + 1)
     below = lengths[None, :] < lengths[:, None]            # [l, m]: m < l
-    t = np.zeros((longest + 1, longest + 2))
-    t[:, 1:] = np.where(below, ended[None, :], 0.0)
-    t[lengths, lengths + 1] = reach
-    tried = np.concatenate(([0.0], np.cumsum(reach)[:-1]))   # sum over m < l of P(reach m)
+    t = np.zeros((groups, longest + 1, longest + 2))
+    t[:, :, 1:] = np.where(below[None], ended[:, None, :], 0.0)
+    t[:, lengths, lengths + 1] = reach
+    tried = np.zeros_like(a)                               # sum over m < l of P(reach m)
+    tried[:, 1:] = np.cumsum(reach, axis=1)[:, :-1]
     return t, tried
 
 
-def _expected_max_cost(dists: Sequence[tuple[np.ndarray, int]], cost: np.ndarray) -> np.ndarray:
-    """expected_batch_cost for every candidate at once: `dists` holds, per row group, the length
-    distributions of every candidate (one per row, lengths in columns) and the group's rows; `cost[l]`
-    is the cost of a pass whose longest row has l tokens. Lengths below 1e-12 of probability are skipped
-    as expected_batch_cost skips them."""
-    at_most = np.ones_like(dists[0][0])
-    for d, n in dists:
-        if n > 0:
-            at_most = at_most * np.minimum(np.cumsum(d, axis=1), 1.0) ** n
+def _expected_max_cost(dists: np.ndarray, rows: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """expected_batch_cost for every candidate at once: `dists[g, k, l]` is the probability that a row of
+    group g has length l under candidate k, `rows[g]` the group's rows; `cost[l]` is the cost of a pass
+    whose longest row has l tokens. Lengths below 1e-12 of probability are skipped as
+    expected_batch_cost skips them."""
+    at_most = np.prod(np.minimum(np.cumsum(dists, axis=2), 1.0) ** rows[:, None, None], axis=0)
     p = at_most.copy()
     p[:, 1:] -= at_most[:, :-1]
     return np.where(p > 1e-12, p, 0.0) @ cost
@@ -204,10 +205,11 @@ def _expected_max_cost(dists: Sequence[tuple[np.ndarray, int]], cost: np.ndarray
 def predict_windows(chain: Sequence[str], windows: Sequence[int], groups: Sequence[RowGroup],
                     latency: LatencyFn, overhead: OverheadFn, cycle_overhead_ns: float = 0.0,
                     target_block: int = 1, draft_scale: DraftScaleFn | None = None) -> list[Prediction]:
-    """[predict(chain, w, ...) for w in windows], computed for all the windows at once: the same
-    expectations (to rounding), carried up the chain as one length distribution per window. A plan needs
-    every chain at every window; for the demo pool's ten chains this makes a plan about 1.5x faster
-    (`predict` stays the reference the tests hold this to)."""
+    """[predict(chain, w, ...) for w in windows], computed for all the windows and row groups at once:
+    the same expectations (to rounding), carried up the chain as one length distribution per group and
+    window (an array of groups x windows x lengths). A plan needs every chain at every window, and a
+    batch priced by its rows' lookup matches has a group per match length (`predict` stays the
+    reference the tests hold this to)."""
     chain = tuple(chain)
     if len(chain) == 1 or not windows:
         return [predict(chain, w, groups, latency, overhead, cycle_overhead_ns, target_block, draft_scale)
@@ -215,45 +217,40 @@ def predict_windows(chain: Sequence[str], windows: Sequence[int], groups: Sequen
     batch = sum(g.rows for g in groups)
     if batch < 1:
         raise ValueError("a prediction needs at least one row")
+    rows = np.array([g.rows for g in groups], dtype=float)
     ws = np.asarray(windows)
+    k = np.arange(len(ws))
     longest = int(ws.max())
     width = longest + len(chain)          # hand-up lengths 0 .. longest + levels
-    incoming = np.zeros((len(ws), width))
-    incoming[np.arange(len(ws)), ws] = 1.0
-    incoming = [incoming] * len(groups)   # level 1 proposes exactly W tokens, for every group
+    incoming = np.zeros((len(groups), len(ws), width))
+    incoming[:, k, ws] = 1.0              # level 1 proposes exactly W tokens, for every group
     verify_ns, checks = [], []
+    handed_up = np.maximum(np.arange(width) - 1, 0)   # tokens accepted of a hand-up of n
     for level, model in enumerate(chain[1:]):
         top = longest + level             # the longest incoming proposal at this level
         cost = np.zeros(width)
         cost[:top + 1] = [latency(model, batch, 1 + length) for length in range(top + 1)]
-        verify_ns.append(_expected_max_cost([(d, g.rows) for d, g in zip(incoming, groups)], cost)
-                         + overhead(model, 1))
-        accepted, tried, handed = np.zeros(len(ws)), np.zeros(len(ws)), []
-        for d, g in zip(incoming, groups):
-            t, t_tried = _acceptance_matrix(g.acceptance[level], top)
-            out = np.zeros_like(d)
-            out[:, :top + 2] = d[:, :top + 1] @ t
-            handed.append(out)
-            accepted += g.rows * (out @ np.maximum(np.arange(width) - 1, 0))
-            tried += g.rows * (d[:, :top + 1] @ t_tried)
-        incoming = handed
+        verify_ns.append(_expected_max_cost(incoming, rows, cost) + overhead(model, 1))
+        t, t_tried = _acceptance_matrices([g.acceptance[level] for g in groups], top)
+        out = np.zeros_like(incoming)
+        out[:, :, :top + 2] = incoming[:, :, :top + 1] @ t
+        accepted = rows @ (out @ handed_up)
+        tried = rows @ (incoming[:, :, :top + 1] @ t_tried[:, :, None])[:, :, 0]
+        incoming = out
         checks.append((accepted / batch, tried / batch))
     drafter = chain[0]
     single = latency(drafter, batch, 1)
     # the drafter's first pass feeds the emitted tokens it has not cached: it cached W - 1 of its own
     # (1 token when the cycle emitted at most W, else 1 + the emitted past W)
-    first = []
-    for d in incoming:
-        pending = np.zeros((len(ws), width + 1))
-        pending[:, 1] = np.cumsum(d, axis=1)[np.arange(len(ws)), ws]
-        for k, w in enumerate(windows):
-            pending[k, 2:width - w + 1] = d[k, w + 1:]
-        first.append(pending)
+    first = np.zeros((len(groups), len(ws), width + 1))
+    first[:, :, 1] = np.cumsum(incoming, axis=2)[:, k, ws]
+    for i, w in enumerate(windows):
+        first[:, i, 2:width - w + 1] = incoming[:, i, w + 1:]
     draft_cost = np.zeros(width + 1)
-    draft_cost[1:] = [latency(drafter, batch, k) for k in range(1, width + 1)]
-    first_ns = _expected_max_cost([(d, g.rows) for d, g in zip(first, groups)], draft_cost)
+    draft_cost[1:] = [latency(drafter, batch, n) for n in range(1, width + 1)]
+    first_ns = _expected_max_cost(first, rows, draft_cost)
     lengths = np.arange(width)
-    mixed = sum(g.rows * d for d, g in zip(incoming, groups)) / batch
+    mixed = (rows @ incoming.reshape(len(groups), -1)).reshape(len(ws), width) / batch
     emitted = mixed @ lengths
     square = mixed @ (lengths * lengths)
     out = []
