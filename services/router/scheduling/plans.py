@@ -39,10 +39,16 @@ from specrouter.router.scheduling.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
+PLANS_KEPT = 256   # plans held before those not asked for lately are dropped
+
+Matches = int | tuple[int, ...] | None
+"""The lookup level's matches a plan prices its chains at: one length for every row, the rows' lengths (a
+batch of one decoding mode, sorted), or None (the lookup priced over every match)."""
+
+
 class PlanKey(NamedTuple):
     """What a plan is made for: the batch's rows of each decoding mode (`composition`), the prompt shift of
-    every pair, the record shift of `pairs` (None: every pair), and the length of the lookup level's match
-    (None: the lookup priced over every match)."""
+    every pair, the record shift of `pairs` (None: every pair), and the lookup level's matches (`Matches`)."""
 
     greedy: int
     sampling: int
@@ -50,7 +56,7 @@ class PlanKey(NamedTuple):
     common: int
     shift: int
     pairs: frozenset[tuple[str, str]] | None
-    match: int | None = None
+    match: Matches = None
 
     @property
     def composition(self) -> tuple[int, int, int]:
@@ -127,6 +133,7 @@ class Planner:
         self._free = frozenset(free)
         self._overheads, self._lock, self._clock = overheads, lock, clock
         self.plans: dict[PlanKey, Plan] = {}
+        self._plans_kept = PLANS_KEPT   # plans held before the unused ones are dropped (`_forget_unused`)
         self.inputs: Inputs | None = None
         self.counts = counts   # "plans" made, "stand_ins": shifts served by the nearest planned one
         self.planning_ns = 0                      # time spent planning, all threads
@@ -228,10 +235,10 @@ class Planner:
 
     def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
              pairs: frozenset[tuple[str, str]] | None = None, common: int = 0, coupled_rows: int = 0,
-             match: int | None = None) -> Plan:
+             match: Matches = None) -> Plan:
         """The ranking for a batch composition (with the acceptance of every pair shifted by `common` steps,
         and of `pairs`, every pair if None, by `shift` more; the lookup level priced at its acceptance after
-        a match of `match` tokens, over every match if None): the standing plan, made now if there is none
+        the rows' matches, `Matches`): the standing plan, made now if there is none
         (or it is stale and no planner thread runs, or too old to serve: `_servable`). A shift the planner
         thread has not planned yet (or whose plan is too old) is left to it; the nearest servable planned
         shift serves meanwhile, and with none the plan is made now."""
@@ -259,13 +266,27 @@ class Planner:
                 return self.plans[min(near, key=lambda k: abs(k.common - common) + abs(k.shift - shift))]
         if plan is None or (not planner_running and self._stale(plan)):
             plan = self.plans[key] = self.make(*key)
+            if len(self.plans) > self._plans_kept:
+                self._forget_unused(now)
         return plan
 
+    def _forget_unused(self, now: float) -> None:
+        """Drops the plans no decision asked for within the planner's horizon (the rows' matches and shifts
+        make new keys all the time in a long run: a plan per key kept for good would grow without bound),
+        and keeps room for as many again before looking next time."""
+        horizon = 10 * self.settings.recompute_s + 5
+        for key in [k for k in list(self.plans) if now - self._wanted.get(k, -math.inf) > horizon]:
+            self.plans.pop(key, None)
+            self._wanted.pop(key, None)
+        self._plans_kept = max(PLANS_KEPT, 2 * len(self.plans))
+
     def make(self, greedy_rows: int, sampling_rows: int, coupled_rows: int = 0, common: int = 0, shift: int = 0,
-             pairs: frozenset[tuple[str, str]] | None = None, match: int | None = None, pause: bool = False) -> Plan:
+             pairs: frozenset[tuple[str, str]] | None = None, match: Matches = None, pause: bool = False) -> Plan:
         """The ranking for one composition, the acceptance rates of every pair shifted by `common` steps of
-        log-odds and those of `pairs` (every pair if None) by `shift` more, a model-free level's after a
-        match of `match` tokens (`lookup.by_match`; None: over every match). With `pause` (the planner
+        log-odds and those of `pairs` (every pair if None) by `shift` more, a model-free level's after the
+        rows' matches (`lookup.by_match`; `Matches`). A batch whose rows' matches differ is priced as
+        groups of rows, one per match length: a row without a match hands up one token whatever the others
+        copy, while each pass is as long as the longest row's. With `pause` (the planner
         thread), the GIL is offered after every chain, so that the cycle thread waiting on a worker's reply
         gets it at once, not after the interpreter's switch interval."""
         started = time.perf_counter_ns()
@@ -298,17 +319,13 @@ class Planner:
                 continue
             windows = self.windows(chain)
             depth = max(windows) + len(chain)
-            measured = [(by_match(d, match) if match is not None and d in self._free else d, v)
-                        for d, v in chain_pairs(chain)]
-            groups_rates = {mode: [estimates.rates((d, v, mode), depth) for d, v in measured]
-                            for mode, n in counts.items() if n}
-            if shift or common:
-                moved = [step * (common + (shift if pairs is None or pair in pairs else 0))
-                         for pair in chain_pairs(chain)]
-                groups_rates = {mode: [[shifted(a, odds) for a in rates] if odds else rates
-                                       for rates, odds in zip(per_pair, moved)]
-                                for mode, per_pair in groups_rates.items()}
-            groups = [RowGroup(n, groups_rates[mode]) for mode, n in counts.items() if n]
+            moved = [step * (common + (shift if pairs is None or pair in pairs else 0)) for pair in chain_pairs(chain)]
+            groups = []
+            for mode, rows, at in _row_groups(counts, match if chain[0] in self._free else None):
+                rates = [estimates.rates((by_match(d, at) if at is not None and d in self._free else d, v, mode), depth)
+                         for d, v in chain_pairs(chain)]
+                groups.append(RowGroup(rows, [[shifted(a, odds) for a in r] if odds else r
+                                              for r, odds in zip(rates, moved)]))
             priced = predict_windows(chain, windows, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK,
                                      later_passes)
             predictions += priced
@@ -326,3 +343,15 @@ class Planner:
         self.planning_ns += time.perf_counter_ns() - started
         return Plan(predictions, {(p.chain, p.window): p for p in predictions}, estimates, latency, now, version,
                     finish)
+
+
+def _row_groups(counts: Mapping[Mode, int], match: Matches) -> list[tuple[Mode, int, int | None]]:
+    """(decoding mode, rows, the lookup's match for them) for each group of rows a chain is priced over:
+    one per mode, or, for a batch given its rows' matches, one per match length."""
+    modes = [(mode, n) for mode, n in counts.items() if n]
+    if not isinstance(match, tuple):
+        return [(mode, n, match) for mode, n in modes]
+    if len(modes) != 1 or len(match) != modes[0][1]:
+        raise ValueError(f"the rows' matches {match} are for a batch of one decoding mode, not {dict(modes)}")
+    mode = modes[0][0]
+    return [(mode, match.count(m), m) for m in sorted(set(match))]

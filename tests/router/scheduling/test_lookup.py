@@ -4,6 +4,7 @@ chains and the models'."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -16,7 +17,8 @@ from specrouter.router.lookup import (LOOKUP, NO_GUESS, SHADOW_WINDOW, LookupPro
                                      judged, level_of, longest_match, prompt_guesses)
 from specrouter.router.measurements import acceptance_counts
 from specrouter.router.scheduling.candidates import candidate_chains
-from specrouter.router.scheduling.scheduler import Scheduler
+from specrouter.router.scheduling.plans import PLANS_KEPT
+from specrouter.router.scheduling.scheduler import MATCH_GRAIN, Scheduler, coarse_matches
 from specrouter.router.scheduling.settings import SchedulerSettings
 from specrouter.contract.calls import SamplingParams, StepResult
 from tests.router.scheduling.fakes import DECODE_MS, GREEDY, Clock, FakeBatch, snapshot, snapshot_pb
@@ -266,7 +268,7 @@ class _MatchBatch(FakeBatch):
 def test_a_lone_rows_cycle_is_priced_by_the_lookups_match_after_its_tokens() -> None:
     """The lookup copies well after a long match and never after none; over every match its rate is
     middling. A row whose lookup found a long match runs the lookup's chain at a long window; one with no
-    match runs a model's chain; a batch of rows is priced over every match."""
+    match runs a model's chain."""
     snap = _by_match_snapshot({0: 0.0, 1: 0.3, 3: 0.97}, pooled=0.5)
     sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, chain_hysteresis=0.0,
                                                               hysteresis=0.0),
@@ -301,6 +303,93 @@ def test_plans_apart_by_match_share_the_model_chains_and_price_the_lookups_alone
     assert (sched.planner.make(1, 0, common=1, match=3).by_key[((LOOKUP, "t"), 8)].emitted
             > over_all.by_key[((LOOKUP, "t"), 8)].emitted
             > sched.planner.make(1, 0, common=1, match=0).by_key[((LOOKUP, "t"), 8)].emitted)
+
+
+class _MatchesBatch(FakeBatch):
+    """A batch whose rows' lookup found `matches` (one per row)."""
+
+    def __init__(self, matches: list[int], greedy: bool = True):
+        super().__init__(len(matches), greedy)
+        self.matches = dict(zip(self.rows, matches))
+
+    def lookup_match(self, row: Row) -> int:
+        return self.matches[row.row_id]
+
+
+def test_a_batch_is_priced_by_its_rows_matches() -> None:
+    """A row without a match hands up one token whatever the others copy: a batch of two rows after a long
+    match and two after none emits per row the mean of what the two kinds emit alone, not what the lookup's
+    rate over every match says; the model chains are priced as for any batch of four."""
+    snap = _by_match_snapshot({0: 0.0, 3: 0.9}, pooled=0.5)
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snap, clock=Clock(), levels=[LOOKUP])
+    make = sched.planner.make
+    mixed, none, full, pooled = make(4, 0, match=(0, 0, 3, 3)), make(4, 0, match=0), make(4, 0, match=3), make(4, 0)
+    for chain in [(LOOKUP, "t"), (LOOKUP, "a", "t")]:
+        for window in (4, 8):
+            key = (chain, window)
+            half = (none.by_key[key].emitted + full.by_key[key].emitted) / 2
+            assert mixed.by_key[key].emitted == pytest.approx(half, rel=1e-9), key
+            assert abs(mixed.by_key[key].emitted - pooled.by_key[key].emitted) > 0.05, key
+    for key, p in pooled.by_key.items():
+        if key[0][0] != LOOKUP:
+            assert mixed.by_key[key].t_eff_ns == pytest.approx(p.t_eff_ns, rel=1e-9), key
+    with pytest.raises(ValueError, match="one decoding mode"):
+        make(2, 2, match=(0, 0, 3, 3))
+
+
+def test_the_scheduler_plans_a_batch_at_its_rows_matches() -> None:
+    """Rows of one mode are planned at their matches, sorted (one length when they share it); rows of two
+    modes over every match; a batch of four rows whose lookup found nothing runs a model's chain, one whose
+    rows all found a long match the lookup's."""
+    snap = _by_match_snapshot({0: 0.0, 1: 0.3, 3: 0.97}, pooled=0.5)
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, chain_hysteresis=0.0,
+                                                              hysteresis=0.0),
+                      lambda: snap, clock=Clock(), levels=[LOOKUP])
+    assert LOOKUP not in sched.choose(_MatchesBatch([0, 0, 0, 0]))[0]
+    assert sched.choose(_MatchesBatch([3, 3, 3, 3]))[0][0] == LOOKUP
+    sched.choose(_MatchesBatch([3, 0, 3, 0]))
+    mixed_modes = _MatchesBatch([3, 0, 1, 0])
+    next(iter(mixed_modes.rows.values())).sampling = SamplingParams(temperature=1.0)
+    sched.choose(mixed_modes)
+    keys = {(k.composition, k.match) for k in sched.planner.plans}
+    assert {((4, 0, 0), 0), ((4, 0, 0), 3), ((4, 0, 0), (0, 0, 3, 3)), ((3, 1, 0), None)} <= keys, keys
+
+
+def test_a_batchs_matches_are_planned_in_parts_of_it() -> None:
+    """A batch meets a new mix of matches nearly every cycle: in whole parts of the batch each length's
+    share moves by less than a part, and the mixes seen share a few plans."""
+    rng = random.Random(11)
+    for parts in (2, 4):
+        for _ in range(500):
+            n = rng.randrange(parts + 1, 17)
+            matches = [rng.choice([0, 0, 1, 2, 3, 3]) for _ in range(n)]
+            coarse = coarse_matches(matches, parts)
+            assert len(coarse) == n and set(coarse) <= set(matches), (matches, coarse)
+            for m in set(matches):
+                assert abs(coarse.count(m) - matches.count(m)) < n / parts + 1, (matches, coarse)
+    assert coarse_matches([0] * 8 + [1] * 4 + [3] * 4, 4) == [0] * 8 + [1] * 4 + [3] * 4
+    assert coarse_matches([0] * 9 + [1] * 3 + [3] * 4, 4) == [0] * 8 + [1] * 4 + [3] * 4
+    assert coarse_matches([0, 0, 0, 3], 2) == [0, 0, 0, 0] and coarse_matches([0, 0, 3, 3], 2) == [0, 0, 3, 3]
+    snap = _by_match_snapshot({0: 0.0, 1: 0.3, 2: 0.6, 3: 0.9}, pooled=0.5)
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snap, clock=Clock(), levels=[LOOKUP])
+    for _ in range(100):
+        sched.choose(_MatchesBatch([rng.choice([0, 0, 1, 2, 3, 3]) for _ in range(16)]))
+    assert sched.counts["plans"] <= math.comb(MATCH_GRAIN + 3, 3)   # the ways of the parts over four lengths
+
+
+def test_plans_no_decision_asks_for_are_dropped() -> None:
+    """Every mix of matches and shifts is a plan key: over a long run the plans kept stay bounded, the ones
+    in use stay."""
+    clock = Clock()
+    snap = _by_match_snapshot({0: 0.0, 3: 0.9}, pooled=0.5)
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snap, clock=clock, levels=[LOOKUP])
+    for i in range(3 * PLANS_KEPT):
+        clock.now += 1.0
+        sched.plan(1, 0, common=2 * i)
+        sched.plan(1, 0)   # asked for all along
+    assert len(sched.planner.plans) <= 2 * PLANS_KEPT
+    assert any(k.common == 0 and k.match is None for k in sched.planner.plans)
+    assert any(k.common == 2 * (3 * PLANS_KEPT - 1) for k in sched.planner.plans)
 
 
 def test_without_a_planner_thread_a_plan_one_step_away_serves() -> None:
