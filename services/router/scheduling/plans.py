@@ -214,6 +214,15 @@ class Planner:
             self._on_snapshot(snapshot, self._clock())
         return snapshot
 
+    def version(self) -> int:
+        """The version of the profiler's latest snapshot (a new one is counted as it is seen; where none can
+        be read, the last one's)."""
+        try:
+            self._refresh_snapshot()
+        except Exception:   # noqa: BLE001 - no snapshot to read: the plans stand as they are
+            log.debug("no profiler snapshot to read", exc_info=True)
+        return self._version
+
     def _stale(self, plan: Plan) -> bool:
         self._refresh_snapshot()
         return plan.version != self._version and self._clock() - plan.made_at >= self.settings.recompute_s

@@ -39,6 +39,8 @@ from specrouter.router.scheduling.plans import Plan
 from specrouter.router.scheduling.scoring import NO_SCALES, Score, least, t_eff, tokens_left
 from specrouter.router.scheduling.settings import SchedulerSettings
 
+EXPLORE_CHECK_S = 0.5   # a standing decision looks at the pairs for an exploration at most this often
+
 
 @dataclass
 class Decision:
@@ -53,6 +55,8 @@ class BatchState:
     current: Decision | None = None   # the standing choice (explorations do not replace it)
     last: Decision | None = None      # the decision of the latest cycle, exploration or not
     cycles: int = 0
+    standing: tuple | None = None     # what the latest decision was made for (`Scheduler.choose`)
+    stood: int = 0                    # cycles it has served
 
 
 class Policy:
@@ -65,6 +69,19 @@ class Policy:
         self.freshness, self._clock, self.counts = freshness, clock, counts
         self._cycles = 0                          # decisions of every batch, for the exploration rate
         self._last_explore_cycle = -(10**9)
+        self._explore_checked_at = -math.inf      # when the pairs were last looked at for an exploration
+
+    def stands(self, state: BatchState) -> None:
+        """A cycle that the batch's standing decision serves again: counted as a decision is towards the
+        next exploration."""
+        state.cycles += 1
+        self._cycles += 1
+
+    def exploring_due(self) -> bool:
+        """Whether an exploration may be due in the next cycle: enough cycles passed since the last one, and
+        the pairs were last looked at for one a while ago (their waits are seconds: `explore_after_s`)."""
+        return (self._cycles + 1 - self._last_explore_cycle >= self.settings.explore_every_cycles
+                and self._clock() - self._explore_checked_at >= EXPLORE_CHECK_S)
 
     def decide(self, plan: Plan, state: BatchState, rows: Sequence[Row],
                chain: tuple[str, ...] | None, window: int, score: Score = t_eff,
@@ -136,7 +153,7 @@ class Policy:
         predictions = plan.predictions if predictions is None else predictions
         if self._cycles - self._last_explore_cycle < s.explore_every_cycles or len(self.chains) < 2:
             return None
-        now = self._clock()
+        now = self._explore_checked_at = self._clock()
         present = {mode_of(r) for r in rows}
         modes = [m for m in Mode if m in present]   # in the enum's order: on ties, greedy first
         stale = []

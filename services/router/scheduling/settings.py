@@ -26,6 +26,9 @@ class SchedulerSettings(BaseModel):
                                         # router holds them (a planning thread there slows every pass)
     planner_nice: int = Field(10, ge=0, le=19)   # niceness of the planner thread (Linux): it plans in the
                                         # cores' idle time, not in the workers' (0: as the router)
+    decision_cycles: int = Field(4, ge=1)   # a batch's decision stands for up to this many cycles while its
+                                        # rows, their lookup matches and the chain they named stay the same
+                                        # (1: decide every cycle)
     hysteresis: float = 0.03            # change window only when the best is predicted this much faster
     chain_hysteresis: float = 0.10      # change chain only when the best is predicted this much faster
     switch_horizon_cycles: int = 16     # catch-up cost of a switch is spread over this many cycles at most

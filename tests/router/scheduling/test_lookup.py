@@ -286,6 +286,21 @@ def test_a_lone_rows_cycle_is_priced_by_the_lookups_match_after_its_tokens() -> 
                                               levels=[LOOKUP]).planner.make(1, 0).estimates.calibration
 
 
+def test_a_lone_rows_new_match_is_decided_at_once() -> None:
+    """A lone row's decision stands while its match stays (`decision_cycles`), and not past a new match:
+    the lookup's chain where its row found a long match, a model's the cycle its match is gone."""
+    snap = _by_match_snapshot({0: 0.0, 1: 0.3, 3: 0.97}, pooled=0.5)
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, chain_hysteresis=0.0,
+                                                              hysteresis=0.0, decision_cycles=8),
+                      lambda: snap, clock=Clock(), levels=[LOOKUP])
+    batch = _MatchBatch(3)
+    assert sched.choose(batch)[0][0] == LOOKUP and sched.choose(batch)[0][0] == LOOKUP
+    assert sched.counts["decisions"] == 1
+    batch.match = 0
+    assert LOOKUP not in sched.choose(batch)[0]
+    assert sched.counts["decisions"] == 2
+
+
 def test_plans_apart_by_match_share_the_model_chains_and_price_the_lookups_alone() -> None:
     snap = _by_match_snapshot({0: 0.0, 3: 0.9}, pooled=0.5)
     sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(), lambda: snap, clock=Clock(), levels=[LOOKUP])

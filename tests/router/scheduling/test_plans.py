@@ -147,8 +147,9 @@ def test_the_planner_survives_a_failing_snapshot() -> None:
             raise RuntimeError("profiler unreachable")
         return good if calls["n"] < 4 else snapshot_from_pb(bad)
 
-    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, recompute_s=0.01), flaky,
-                      clock=clock)
+    # a decision every cycle: a standing decision reads the snapshot's version, a call of its own
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, recompute_s=0.01, decision_cycles=1),
+                      flaky, clock=clock)
     sched.choose(FakeBatch(1))   # planned inline, with the first snapshot
     sched.start()
     try:

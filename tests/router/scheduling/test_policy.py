@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specrouter.contract.measures import Mode
 from specrouter.router.scheduling.candidates import chain_pairs
+from specrouter.router.scheduling.ledger import Tally
 from specrouter.router.scheduling.scheduler import Scheduler
 from tests.router.scheduling.fakes import Clock, FakeBatch, make, snapshot
 
@@ -22,6 +23,36 @@ def test_decision_follows_the_metrics_with_hysteresis() -> None:
     clock.now += 1
     assert sched.choose(batch) == (("t",), 0)
     assert sched.counts["switches"] == 1
+
+
+def test_a_batchs_decision_stands_while_what_it_was_made_for_stays() -> None:
+    """A decision serves `decision_cycles` cycles of its batch, then is made again; a new snapshot, a row
+    leaving or a new record shift end it at once; with `decision_cycles` 1 every cycle decides."""
+    acceptance = {("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}
+    clock = Clock()
+    sched, holder = make(acceptance, clock, explore_after_s=1e9, decision_cycles=3)
+    batch = FakeBatch(3)
+    first = sched.choose(batch)
+    for _ in range(2):
+        assert sched.choose(batch) == first
+    assert sched.counts["decisions"] == 1
+    assert sched.choose(batch) == first and sched.counts["decisions"] == 2      # three cycles served: anew
+    holder["snapshot"] = snapshot({pair: 0.02 for pair in acceptance})
+    clock.now += 1
+    assert sched.choose(batch) == (("t",), 0) and sched.counts["decisions"] == 3   # a new snapshot
+    next(iter(batch.rows.values())).finish_reason = "length"
+    sched.choose(batch)
+    assert sched.counts["decisions"] == 4                                        # a row left
+    sched.choose(batch)
+    assert sched.counts["decisions"] == 4
+    for row in batch.rows.values():   # the rows draft far worse than predicted: their shift moves
+        sched.records[row] = Tally(20.0, 100.0, 90.0, 100.0)   # 2 in 10 accepted where 9 in 10 were predicted
+    sched.choose(batch)
+    assert sched.counts["decisions"] == 5
+    every, _ = make(acceptance, Clock(), explore_after_s=1e9, decision_cycles=1)
+    for n in range(1, 5):
+        every.choose(batch)
+        assert every.counts["decisions"] == n
 
 
 def test_hysteresis_keeps_a_choice_that_is_nearly_as_good() -> None:
