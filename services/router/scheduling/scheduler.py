@@ -183,12 +183,14 @@ class Scheduler:
             state = self.state(batch)
             named = tuple(chain) if chain else None
             rows = [r for r in batch.rows.values() if r.finish_reason is None]
-            standing = self._standing(batch, rows, named, window) if self.settings.decision_cycles > 1 else None
+            common, shift = self.prompts.value(rows), self.records.value(rows)
+            standing = (self._standing(batch, rows, common, shift, named, window)
+                        if self.settings.decision_cycles > 1 else None)
             decision = state.last
             if (decision is None or decision is not state.current or standing is None or state.standing != standing
                     or state.stood >= self.settings.decision_cycles or not self._room(decision, rows)
                     or (named is None and not window and self.policy.exploring_due())):
-                decision = self._decide(batch, state, named, window)
+                decision = self._decide(batch, state, rows, common, shift, named, window)
                 state.standing, state.stood = standing, 0
             else:
                 self.policy.stands(state)
@@ -197,8 +199,8 @@ class Scheduler:
         self.decision_ns.add(time.perf_counter_ns() - started)
         return decision.chain, decision.window
 
-    def _standing(self, batch: ChainBatch, rows: Sequence[Row], chain: tuple[str, ...] | None,
-                  window: int) -> tuple:
+    def _standing(self, batch: ChainBatch, rows: Sequence[Row], common: int, shift: int,
+                  chain: tuple[str, ...] | None, window: int) -> tuple:
         """What a decision is made for: the batch's running rows, a lone row's lookup match, the rows'
         prompts' and records' shifts, the chain and window the requests named, the models the batch has and
         the profiler's snapshot. While it stays the same, the decision stands for `decision_cycles` cycles:
@@ -208,10 +210,8 @@ class Scheduler:
         does not end a decision; a lone row's match, which decides between the lookup's chains and the
         models', does. Explorations and the rows' last cycles are decided anew."""
         workers = getattr(batch, "workers", None)
-        return (tuple(r.row_id for r in rows), self._match(batch, rows) if len(rows) == 1 else None,
-                self.prompts.value(rows),
-                self.records.value(rows), chain, window,
-                None if workers is None else frozenset(workers), self.planner.version())
+        return (tuple(r.row_id for r in rows), self._match(batch, rows) if len(rows) == 1 else None, common, shift,
+                chain, window, None if workers is None else frozenset(workers), self.planner.version())
 
     @staticmethod
     def _room(decision: Decision, rows: Sequence[Row]) -> bool:
@@ -224,16 +224,15 @@ class Scheduler:
         state = self._batches.get(batch)
         return state.last if state else None
 
-    def _decide(self, batch: ChainBatch, state: BatchState, chain: tuple[str, ...] | None, window: int) -> Decision:
+    def _decide(self, batch: ChainBatch, state: BatchState, rows: Sequence[Row], common: int, shift: int,
+                chain: tuple[str, ...] | None, window: int) -> Decision:
+        """The decision for the batch's running `rows`, their prompts' shift `common` and records' `shift`."""
         s = self.settings
-        rows = [r for r in batch.rows.values() if r.finish_reason is None]
         modes = Counter(mode_of(r) for r in rows)
         greedy, sampling, coupled = modes[Mode.GREEDY], modes[Mode.SAMPLING], modes[Mode.COUPLED]
-        common = self.prompts.value(rows)
         # the next cycle's lookup chains are priced by the lookup's match after each row's tokens
         match = self._match(batch, rows)
         base = plan = self.plan(greedy, sampling, common=common, coupled_rows=coupled, match=match)
-        shift = self.records.value(rows)
         # the rows' record is of the pairs they ran, the standing chain's: rows that draft better than
         # predicted move those pairs alone (what one drafter finds easy another may not), rows that
         # draft worse move every pair (text hard for one drafter is hard for the others), so that the
