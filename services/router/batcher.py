@@ -56,6 +56,30 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05
 
 
+class RecentModels:
+    """The models the cycles of each `auto` batch key ran lately: a row joining such a batch is prefilled at
+    once on the models its key ran within the last `cycles` cycles (and on the target), the others only when
+    a chain through them runs (`ChainBatch.prefill_on`). The cycles are counted over the key's batches, one
+    after the other, so a request alone (a batch of its own) joins on the models the one before it ran."""
+
+    def __init__(self, cycles: int):
+        self.cycles = cycles
+        self._count: dict[BatchKey, int] = {}
+        self._last: dict[BatchKey, dict[str, int]] = {}
+
+    def ran(self, key: BatchKey, chain: Sequence[str]) -> None:
+        n = self._count[key] = self._count.get(key, 0) + 1
+        self._last.setdefault(key, {}).update(dict.fromkeys(chain, n))
+
+    def recent(self, key: BatchKey) -> frozenset[str] | None:
+        """The models a row joining `key`'s batch is prefilled on; None (every model) before its first cycle,
+        or with `cycles` 0."""
+        if self.cycles <= 0 or key not in self._count:
+            return None
+        n = self._count[key]
+        return frozenset(m for m, last in self._last[key].items() if n - last < self.cycles)
+
+
 class Choice(NamedTuple):
     """A cycle's chain and window, and whether the router chose them (the requests named neither, or a chain
     of several models and no window)."""
@@ -75,7 +99,7 @@ class Batcher:
                  observers: Sequence[CycleObserver] = (), decode: Decode | None = None, prompt_positions: int = 0,
                  health: WorkerHealth | None = None, target_wait_s: float = 0.0,
                  levels: Mapping[str, Worker] | None = None, pipelined: bool | PipelineGate = False,
-                 lookup_fallback_window: int = 3):
+                 lookup_fallback_window: int = 3, prefill_recent_cycles: int = 0):
         # one worker per model, or every replica of each (a router's)
         self.replicas = workers if isinstance(workers, ReplicaSet) else ReplicaSet.fixed(workers)
         self.health = health or WorkerHealth(self.replicas, target)
@@ -86,6 +110,8 @@ class Batcher:
         # it faster (one gate for every batch)
         self.pipelined = pipelined
         self.lookup_fallback_window = lookup_fallback_window   # `ChainBatch`'s
+        # rows joining an auto batch are prefilled on the models it ran within this many cycles (0: every one)
+        self.recent_models = RecentModels(prefill_recent_cycles)
         self.target = target
         self.context_length = context_length
         self.stop_tokens = frozenset() if eos_token_id is None else frozenset({eos_token_id})
@@ -174,6 +200,8 @@ class Batcher:
                 batch = ChainBatch(workers, self.target, self.context_length,
                                    prompt_positions=self.prompt_positions, orphans=self.orphans,
                                    pipelined=self.pipelined, lookup_fallback_window=self.lookup_fallback_window)
+                if key.chain is None:
+                    batch.prefill_on = self.recent_models.recent(key)
             except ModelUnavailable as exc:
                 for h in group:
                     h.events.put(Failed(exc))
@@ -202,6 +230,9 @@ class Batcher:
         report = self._run(key, batch, choice, rows)
         if report is None:
             return
+        if key.chain is None:
+            self.recent_models.ran(key, choice.chain)
+            batch.prefill_on = self.recent_models.recent(key)
         handed = self._emit(choice, rows, report)
         self._report(batch, choice, rows, report, handed, started, choose_ns)
         self._finish(batch, rows)

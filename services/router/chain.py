@@ -142,6 +142,10 @@ class ChainBatch:
         self._ahead: Ahead | None = None   # what the last cycle's ahead draft left for the next one
         # the chain and window of the last cycle, where it ran an ahead draft and accepted its whole proposal
         self._ahead_ran: tuple[tuple[str, ...], int] | None = None
+        # the models a joining row is prefilled on at once (None: every one); the others hold none of its
+        # state until a chain through them runs (`_join_absent`), which prefills it there first
+        self.prefill_on: frozenset[str] | None = None
+        self._absent: dict[str, set[str]] = {}   # per model, the rows its state of the batch lacks
 
     def room(self) -> int | None:
         """How many more rows may join (None: no bound)."""
@@ -150,7 +154,13 @@ class ChainBatch:
     # -- rows joining and leaving --------------------------------------------------------------
 
     def add(self, rows: Sequence[Row]) -> None:
-        """Prefills new rows on every worker (all but each row's last token, which the first cycle feeds)."""
+        """Prefills new rows (all but each row's last token, which the first cycle feeds) on the models of
+        `prefill_on`, the target and the lookup, or on every worker when `prefill_on` is None. A model left out
+        gets the rows when a chain through it next runs (`_join_absent`): a row's prefill stalls every row of
+        the batch, and a model the scheduler does not run would only have prefilled it for nothing.
+
+        The models prefilled report their argmax guesses at the prompt's last positions, whose agreement per
+        pair (`Row.prompt_agreement`) the scheduler reads; pairs with a model left out have none for the row."""
         for row in rows:
             if not row.tokens:
                 raise ValueError(f"row {row.row_id!r} has an empty prompt")
@@ -160,17 +170,52 @@ class ChainBatch:
         self._bring_in_line(self.workers)
         batch = [(r.row_id, r.tokens[:-1]) for r in rows]
         n = self.prompt_positions
+        now = self._prefilled_at_join()
         try:
-            results = self._on_every_worker(lambda worker, state: worker.prefill(state, batch, n))
+            results = self._on_every_worker(lambda worker, state: worker.prefill(state, batch, n), now)
         except WorkerCallFailed as exc:
             raise self._call_failed(exc.model, exc.cause, rows) from exc.cause
         self._resyncs.clear()
+        for name in self.workers:
+            if name not in now:
+                self._absent.setdefault(name, set()).update(r.row_id for r in rows)
         for i, r in enumerate(rows):
-            r.seen = {name: len(r.tokens) - 1 for name in self.workers}
+            # a model left out has seen none of the row: the scheduler prices its catch-up as a prefill
+            r.seen = {name: len(r.tokens) - 1 if name in now else 0 for name in self.workers}
             r.spec = {name: [] for name in self.workers}
             if n:
                 r.prompt_agreement = prompt_agreement({name: res.tokens[i] for name, res in results.items()})
             self.rows[r.row_id] = r
+
+    def _prefilled_at_join(self) -> list[str]:
+        """The models a joining row is prefilled on at once: `prefill_on`'s, the target and the lookup."""
+        if self.prefill_on is None:
+            return list(self.workers)
+        return [m for m, w in self.workers.items()
+                if m in self.prefill_on or m == self.target or isinstance(w, LookupProposer)]
+
+    def _join_absent(self, chain: Sequence[str]) -> None:
+        """Prefills, on each model of `chain`, the rows its state of the batch lacks (they joined while it sat
+        out): their tokens but the last, as `add` does. The models' calls go out together, as a prefill's."""
+        wanted = {m: [r for r in self.rows.values() if r.row_id in self._absent.get(m, ())] for m in chain}
+        wanted = {m: rows for m, rows in wanted.items() if rows}
+        if not wanted:
+            return
+        futures = {m: self._start_on_every_worker(
+            lambda worker, state, rows=rows: worker.prefill(state, [(r.row_id, r.tokens[:-1]) for r in rows]), [m])[m]
+            for m, rows in wanted.items()}
+        failed = None
+        for m, future in futures.items():   # each answer waited for, so no call stays in flight
+            cause = future.exception()
+            if cause is not None:
+                failed = failed or (m, cause)
+                continue
+            for r in wanted[m]:
+                r.seen[m] = len(r.tokens) - 1
+                r.spec[m] = []
+            self._absent[m].difference_update(r.row_id for r in wanted[m])
+        if failed is not None:
+            raise self._call_failed(failed[0], failed[1], wanted[failed[0]]) from failed[1]
 
     def remove(self, row_ids: Sequence[str], wait: bool = True) -> list[Row]:
         """Rows leave the batch; their entries are released on every worker. With `wait=False`, while other
@@ -181,9 +226,14 @@ class ChainBatch:
         gone = [self.rows.pop(r) for r in row_ids if r in self.rows]
         if not gone:
             return gone
-        ids = [r.row_id for r in gone]
-        releases = self._start_on_every_worker(lambda worker, state: worker.release(state, ids))
-        self._releasing = [(model, ids, call) for model, call in releases.items()]
+        self._releasing = []
+        for model in list(self.workers):   # each model lets go of the rows its state holds
+            absent = self._absent.get(model, set())
+            ids = [r.row_id for r in gone if r.row_id not in absent]
+            absent.difference_update(r.row_id for r in gone)
+            if ids:
+                call = self._start_on_every_worker(lambda worker, state, ids=ids: worker.release(state, ids), [model])
+                self._releasing.append((model, ids, call[model]))
         if wait or not self.rows:
             self._settle_releases()
         if not self.rows:   # nothing to rebuild: a state whose release failed goes as a whole, when it can
@@ -238,6 +288,7 @@ class ChainBatch:
             r.seen[model] = len(r.tokens) - 1
             r.spec[model] = []
         self._stale.discard(model)
+        self._absent.pop(model, None)
         log.warning("the state of %d row(s) on %s was rebuilt from their tokens", len(rows), model)
 
     def move(self, model: str, replica: Worker) -> list[Row]:
@@ -252,6 +303,7 @@ class ChainBatch:
             gone = self.remove(list(self.rows))
         finally:
             self.workers[model] = replica
+            self._absent.clear()   # no row is left to lack
         old, self.state_ids = self.state_ids, dict.fromkeys(self.workers, uuid.uuid4().hex)
         for stale in self._stale - {model}:   # releases that failed: the old state goes as a whole
             self.orphans.release(self.workers[stale], old[stale])
@@ -267,6 +319,7 @@ class ChainBatch:
             raise ValueError(f"the target {model!r} cannot leave the batch")
         worker, state = self.workers.pop(model, None), self.state_ids.pop(model, None)
         self._stale.discard(model)
+        self._absent.pop(model, None)
         self._ahead = None
         for r in self.rows.values():
             r.seen.pop(model, None)
@@ -274,27 +327,29 @@ class ChainBatch:
         if worker is not None:
             self.orphans.release(worker, state)
 
-    def _start_on_every_worker(self, call: Callable[[Worker, str], T]) -> dict[str, Future]:
-        """`call(worker, its state id)` on every worker, a future of its outcome by model: the workers in
-        other processes on the fan-out pool, at once; the engines in this process in turn, on this thread,
-        before it returns."""
+    def _start_on_every_worker(self, call: Callable[[Worker, str], T],
+                               models: Iterable[str] | None = None) -> dict[str, Future]:
+        """`call(worker, its state id)` on every worker (or those of `models`), a future of its outcome by model:
+        the workers in other processes on the fan-out pool, at once; the engines in this process in turn, on
+        this thread, before it returns."""
+        workers = self.workers if models is None else {m: self.workers[m] for m in models}
         # each call runs in a copy of this thread's context, so the calls join the caller's trace
         futures = {name: FAN_OUT.submit(contextvars.copy_context().run, call, worker, self.state_ids[name])
-                   for name, worker in self.workers.items() if worker.remote}
-        for name, worker in self.workers.items():
+                   for name, worker in workers.items() if worker.remote}
+        for name, worker in workers.items():
             if name not in futures:
                 futures[name] = Future()
                 try:
                     futures[name].set_result(call(worker, self.state_ids[name]))
                 except Exception as exc:  # noqa: BLE001 - the caller reads it from the future
                     futures[name].set_exception(exc)
-        return {name: futures[name] for name in self.workers}
+        return {name: futures[name] for name in workers}
 
-    def _on_every_worker(self, call: Callable[[Worker, str], T]) -> dict[str, T]:
-        """`call` on every worker at once, its results by model; the first failure is raised, as a
-        `WorkerCallFailed` naming its model, once all have answered (so that a caller cleaning up after it
-        finds no call still in flight)."""
-        futures = self._start_on_every_worker(call)
+    def _on_every_worker(self, call: Callable[[Worker, str], T], models: Iterable[str] | None = None) -> dict[str, T]:
+        """`call` on every worker (or those of `models`) at once, its results by model; the first failure is
+        raised, as a `WorkerCallFailed` naming its model, once all have answered (so that a caller cleaning up
+        after it finds no call still in flight)."""
+        futures = self._start_on_every_worker(call, models)
         failures = [(name, f.exception()) for name, f in futures.items()]   # waits for every one
         for name, cause in failures:
             if cause is not None:
@@ -335,6 +390,7 @@ class ChainBatch:
             raise ValueError("no running rows")
         self._settle_releases()
         self._bring_in_line(chain)
+        self._join_absent(chain)
         # the most proposal tokens a level may be handed: verifying k tokens takes k + 1 positions past the
         # row's, and the longest row sets it for all (a worker checks every row for the longest proposal)
         room = max(0, min(self.context_length - len(r.tokens) - 1 for r in rows))

@@ -122,7 +122,8 @@ class Router:
                                target_wait_s=settings.target_wait_s, levels=self.levels,
                                pipelined=PipelineGate() if settings.pipelined == "auto"
                                else settings.pipelined == "always",
-                               lookup_fallback_window=settings.lookup_fallback_window)
+                               lookup_fallback_window=settings.lookup_fallback_window,
+                               prefill_recent_cycles=settings.prefill_recent_cycles)
 
     def start(self) -> None:
         self.replicas.start()

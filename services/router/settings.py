@@ -57,6 +57,9 @@ class RouterSettings(BaseSettings):
     # has a match runs as the chain above the lookup, its next level drafting this many tokens (0: that level
     # hands up the one token it verifies past nothing)
     lookup_fallback_window: int = Field(3, ge=0)
+    # a row joining an auto batch is prefilled at once on the models the batch ran within this many cycles
+    # (and the target); the others prefill it when a chain through them next runs (0: every model at once)
+    prefill_recent_cycles: int = Field(16, ge=0)
     # admission: a request over one of the first three is refused (INVALID_ARGUMENT); one that finds
     # max_in_flight requests generating waits in a line of max_queued, and beyond it is refused
     # (RESOURCE_EXHAUSTED). Unary calls and streams count alike.
