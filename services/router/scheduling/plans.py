@@ -74,7 +74,7 @@ class Plan:
     latency: LatencyTable
     made_at: float
     version: int
-    finish: Finish | None = None   # for a one-row composition, made with the plan
+    finish: Finish | None = None   # for a one-row composition, made with it by the planner thread, or when needed
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,10 @@ class Planner:
         elif self._free:
             self._model_chains[models_key] = of_models
         predictions.sort(key=lambda p: p.t_eff_ns)
-        finish = Finish.of(predictions, FINISH_HORIZON, self._finish_reach) if batch == 1 and predictions else None
+        # a one-row plan's finish costs serve only its last cycles (`scoring.finish_score`), which make them
+        # where none were made: the planner thread makes them with the plan, off the cycle's path
+        finish = (Finish.of(predictions, FINISH_HORIZON, self._finish_reach) if pause and batch == 1 and predictions
+                  else None)
         self.counts["plans"] += 1
         self.planning_ns += time.perf_counter_ns() - started
         return Plan(predictions, {(p.chain, p.window): p for p in predictions}, estimates, latency, now, version,

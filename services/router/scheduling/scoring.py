@@ -84,13 +84,13 @@ def finish_score(plan: Plan, scales: Mapping[str, float], left: int, tail_weight
     (more than FINISH_HORIZON tokens left after any cycle, `finish_reach`) that is exactly its T_eff;
     nearer, it counts the tokens emitted past the end and the cost of the few left, exactly for one row.
     The plan tables the regrets (less the cycle's cost) at the latency table's times (`Finish`, made with
-    the plan, off the cycle's path); a batch whose passes run slower or faster (its latency scales) has
+    the plan by the planner thread, else here at the plan's first score this near the end); a batch whose passes run slower or faster (its latency scales) has
     them scaled by its best T_eff over the plan's, which leaves the score its T_eff where the table ends.
     The best candidate scores g, which may be below its T_eff: not `bounded` by T_eff."""
     if left > finish_reach or not plan.predictions:
         return lambda p: p.scaled_cost_ns(scales) / p.emitted
     finish = plan.finish
-    if finish is None:   # a plan made for another batch size serving a one-row batch
+    if finish is None:   # made on the cycle's path, or for another batch size serving a one-row batch
         finish = plan.finish = Finish.of(plan.predictions, FINISH_HORIZON, finish_reach)
     costs = {id(p): p.scaled_cost_ns(scales) for p in plan.predictions} if scales else None
     stretch = (min(costs[id(p)] / p.emitted for p in plan.predictions) / finish.rate) if costs else 1.0

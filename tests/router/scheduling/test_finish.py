@@ -46,14 +46,18 @@ def test_one_row_finishes_at_least_cost(rate) -> None:
 
 
 def test_a_one_row_finish_scales_with_the_batchs_passes() -> None:
-    """A one-row plan carries its finish costs (made with the plan, off the cycle's path), at the latency
-    table's times; a batch whose passes all run twice as slow scores every candidate twice as high, at
-    every number of tokens left, so it decides alike."""
+    """A one-row plan's finish costs, at the latency table's times, are made where a score near the end
+    first needs them (the planner thread makes them with the plan); a batch whose passes all run twice as
+    slow scores every candidate twice as high, at every number of tokens left, so it decides alike."""
     sched, _ = make({("a", "t"): 0.7, ("b", "t"): 0.7, ("a", "b"): 0.5, ("b", "a"): 0.5}, explore_after_s=1e9)
     from specrouter.router.scheduling.scoring import finish_score
 
     plan = sched.plan(1, 0)
-    assert plan.finish is not None and sched.plan(4, 0).finish is None
+    assert plan.finish is None and sched.plan(4, 0).finish is None
+    finish_score(plan, {}, sched.planner.finish_reach + 1, sched.settings.tail_weight, sched.planner.finish_reach)
+    assert plan.finish is None   # far from the end, the score is T_eff: no finish costs made
+    finish_score(plan, {}, 1, sched.settings.tail_weight, sched.planner.finish_reach)
+    assert plan.finish is not None and sched.planner.make(1, 0, pause=True).finish is not None
     twice = {m: 2.0 for m in DECODE_MS}
     for left in (1, 2, 5, 9, 17, 60):
         plain = finish_score(plan, {}, left, sched.settings.tail_weight, sched.planner.finish_reach)
