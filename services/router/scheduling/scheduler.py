@@ -24,6 +24,7 @@ ran look better).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -68,6 +69,13 @@ def coarse_matches(matches: Sequence[int], parts: int) -> list[int]:
         whole[m] += 1
     out = [m for m in sorted(whole) for _ in range(whole[m] * n // parts)]
     return out + [max(whole, key=lambda m: (whole[m], m))] * (n - len(out))
+
+
+def _size_class(rows: int) -> int:
+    """A number of rows in half octaves (1, 2, 3, 4, 5-6, 7-9, 10-13, 14-19, ...; -1 for none): a batch of 16
+    whose finished row's successor joins a cycle later is the same batch to a standing decision, one of 4
+    that loses a row is not."""
+    return -1 if rows <= 0 else round(2 * math.log2(rows))
 
 
 class Scheduler:
@@ -201,16 +209,20 @@ class Scheduler:
 
     def _standing(self, batch: ChainBatch, rows: Sequence[Row], common: int, shift: int,
                   chain: tuple[str, ...] | None, window: int) -> tuple:
-        """What a decision is made for: the batch's running rows, a lone row's lookup match, the rows'
-        prompts' and records' shifts, the chain and window the requests named, the models the batch has and
-        the profiler's snapshot. While it stays the same, the decision stands for `decision_cycles` cycles:
-        a decision costs 1-3 ms (a plan made on the cycle's path where the models run in the router), at
-        batch 4 a tenth of a cycle, and the policy's hysteresis keeps a batch's choice from one cycle to the
-        next anyway. A batch's mix of matches changes nearly every cycle (in 146 of 182 at batch 4), so it
-        does not end a decision; a lone row's match, which decides between the lookup's chains and the
-        models', does. Explorations and the rows' last cycles are decided anew."""
+        """What a decision is made for: the batch's running rows, as their number per decoding mode in half
+        octaves (`_size_class`; a lone row by its id), a lone row's lookup match, the rows' prompts' and records' shifts, the chain and window the requests
+        named, the models the batch has and the profiler's snapshot. While it stays the same, the decision
+        stands for `decision_cycles` cycles: a decision costs 1-6 ms (a plan made on the cycle's path where
+        the models run in the router), at batch 4 a tenth of a cycle, and the policy's hysteresis keeps a
+        batch's choice from one cycle to the next anyway. A row that leaves as another of its mode joins
+        (at batch 16, in most cycles, often a cycle apart) changes the plan's key only through the rows'
+        shifts, which are part of this, so it does not end a decision by itself; nor does a batch's mix of matches, which changes
+        nearly every cycle (in 146 of 182 at batch 4). A lone row's match, which decides between the
+        lookup's chains and the models', does. Explorations and the rows' last cycles are decided anew."""
         workers = getattr(batch, "workers", None)
-        return (tuple(r.row_id for r in rows), self._match(batch, rows) if len(rows) == 1 else None, common, shift,
+        members = (rows[0].row_id,) if len(rows) == 1 else tuple(
+            _size_class(sum(mode_of(r) is m for r in rows)) for m in Mode)
+        return (members, self._match(batch, rows) if len(rows) == 1 else None, common, shift,
                 chain, window, None if workers is None else frozenset(workers), self.planner.version())
 
     @staticmethod

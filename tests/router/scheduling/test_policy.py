@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from specrouter.contract.calls import SamplingParams
 from specrouter.contract.measures import Mode
+from specrouter.router.row import Row
 from specrouter.router.scheduling.candidates import chain_pairs
 from specrouter.router.scheduling.ledger import Tally
 from specrouter.router.scheduling.scheduler import Scheduler
@@ -27,7 +29,8 @@ def test_decision_follows_the_metrics_with_hysteresis() -> None:
 
 def test_a_batchs_decision_stands_while_what_it_was_made_for_stays() -> None:
     """A decision serves `decision_cycles` cycles of its batch, then is made again; a new snapshot, a row
-    leaving or a new record shift end it at once; with `decision_cycles` 1 every cycle decides."""
+    leaving or a new record shift end it at once, a row replaced by another of its mode does not; with
+    `decision_cycles` 1 every cycle decides."""
     acceptance = {("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}
     clock = Clock()
     sched, holder = make(acceptance, clock, explore_after_s=1e9, decision_cycles=3)
@@ -45,10 +48,22 @@ def test_a_batchs_decision_stands_while_what_it_was_made_for_stays() -> None:
     assert sched.counts["decisions"] == 4                                        # a row left
     sched.choose(batch)
     assert sched.counts["decisions"] == 4
+    batch.rows = {r: row for r, row in batch.rows.items() if row.finish_reason is None}
+    gone = batch.rows.pop(next(iter(batch.rows)))   # a row leaves as another of its mode joins
+    batch.rows["new"] = Row("new", [1, 2, 3], 3, gone.sampling, 64)
+    batch.rows["new"].seen = dict(gone.seen)
+    sched.choose(batch)
+    assert sched.counts["decisions"] == 4
+    batch.rows["new"].sampling = SamplingParams(temperature=1.0, seed=1)   # ... of another mode
+    sched.choose(batch)
+    assert sched.counts["decisions"] == 5
+    batch.rows["new"].sampling = gone.sampling
+    sched.choose(batch)
+    assert sched.counts["decisions"] == 6
     for row in batch.rows.values():   # the rows draft far worse than predicted: their shift moves
         sched.records[row] = Tally(20.0, 100.0, 90.0, 100.0)   # 2 in 10 accepted where 9 in 10 were predicted
     sched.choose(batch)
-    assert sched.counts["decisions"] == 5
+    assert sched.counts["decisions"] == 7
     every, _ = make(acceptance, Clock(), explore_after_s=1e9, decision_cycles=1)
     for n in range(1, 5):
         every.choose(batch)
@@ -265,3 +280,17 @@ def test_a_batch_of_greedy_and_sampled_rows_is_explored() -> None:
     chains = [sched.choose(batch)[0] for _ in range(8)]
     assert sched.counts["explorations"] >= 3
     assert any("b" in c for c in chains)
+
+
+def test_a_large_batchs_decision_stands_while_its_size_stays_within_a_half_octave() -> None:
+    """At batch 16 a finished row's successor often joins a cycle later: 15 rows are the same batch to a
+    standing decision; 13 (another half octave) and a batch of 4 that loses a row are not."""
+    acceptance = {("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}
+    for rows, left, decisions in [(16, 15, 1), (16, 13, 2), (4, 3, 2)]:
+        sched, _ = make(acceptance, Clock(), explore_after_s=1e9, decision_cycles=4)
+        batch = FakeBatch(rows)
+        sched.choose(batch)
+        for r in list(batch.rows)[left:]:
+            batch.rows[r].finish_reason = "length"
+        sched.choose(batch)
+        assert sched.counts["decisions"] == decisions, (rows, left)
