@@ -170,3 +170,73 @@ def test_auto_requests_after_the_first_skip_the_model_the_chooser_never_runs(poo
     prefills = {name: sum(op == "prefill" for op, _ in e.calls) for name, e in pool.items()}
     assert prefills == {"s": 3, "m": 1, "t": 3}
     assert all(not e.state_ids() for e in pool.values())
+
+
+def test_sampled_rows_left_out_of_a_models_prefill_draw_what_they_would_have(pool) -> None:
+    """A model's state of a row is a function of its tokens, whenever it was prefilled: seeded sampled rows
+    draw the same tokens whether the intermediate got them at join or at the first cycle through it."""
+    ps = prompts(4, 9)
+    params = [SamplingParams(temperature=0.9, seed=5), SamplingParams(temperature=1.1, top_k=8, seed=6),
+              SamplingParams(temperature=0.7, top_p=0.8, repetition_penalty=1.1, seed=7), SamplingParams()]
+
+    def run(prefill_on) -> dict[str, list[int]]:
+        rng = random.Random(4)
+        rows = [Row(f"r{i}", p, len(p), s, 16) for i, (p, s) in enumerate(zip(ps, params))]
+        joins = {0: rows[:2], 3: rows[2:]}
+        batch = ChainBatch(pool, "t", CONTEXT)
+        batch.prefill_on = prefill_on
+        out, cycle = {}, 0
+        while batch.rows or joins:
+            if cycle in joins:
+                batch.add(joins.pop(cycle))
+            if batch.rows:
+                batch.step(rng.choice(CHAINS), rng.randrange(1, 5))
+            out.update({r.row_id: r.generated for r in batch.remove([r for r, row in batch.rows.items()
+                                                                      if row.finish_reason])})
+            cycle += 1
+        assert all(not e.state_ids() for e in pool.values())
+        return out
+
+    assert run(frozenset({"s"})) == run(None)
+
+
+class Switching:
+    """A chooser that runs the drafter and the target until `late` is set, then adds the intermediate (while
+    the batch has it, as the router's choosers do)."""
+
+    late = False
+
+    def choose(self, batch, chain, window):
+        return (("s", "m", "t") if self.late and "m" in batch.workers else ("s", "t")), 3
+
+    def decision_for(self, batch):
+        return None
+
+
+def test_a_late_prefill_that_fails_costs_the_model_not_the_requests(pool) -> None:
+    """The intermediate's late prefill of a row (the first cycle through it after the row joined) fails: the
+    batch goes on without it, and every request ends with the target's tokens."""
+    ps = prompts(2, 8)
+    expected = target_only(pool, ps, [12, 12])
+
+    tried = []
+
+    def failing_late_prefill(state_id, rows, predictions=0):
+        tried.append([r for r, _ in rows])
+        raise ConnectionError("worker m is gone")
+
+    chooser = Switching()
+    batcher = Batcher(pool, "t", CONTEXT, None, chooser=chooser, prefill_recent_cycles=4)
+    batcher.start()
+    try:
+        first = outcome(batcher.submit(GenerationRequest(ps[0], SamplingParams(), 12)))
+        pool["m"].prefill = failing_late_prefill   # the second request joins without m, which then fails it
+        chooser.late = True
+        second = outcome(batcher.submit(GenerationRequest(ps[1], SamplingParams(), 12)))
+    finally:
+        batcher.stop()
+    assert len(tried) == 1 and len(tried[0]) == 1   # the second request's row, late, and m was dropped after it
+    assert isinstance(first, Finished) and isinstance(second, Finished)
+    assert [first.token_ids, second.token_ids] == [expected["r0"], expected["r1"]]
+    del pool["m"].prefill
+    assert all(not e.state_ids() for e in pool.values())
