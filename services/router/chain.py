@@ -197,8 +197,11 @@ class ChainBatch:
     def _join_absent(self, chain: Sequence[str]) -> None:
         """Prefills, on each model of `chain`, the rows its state of the batch lacks (they joined while it sat
         out): their tokens but the last, as `add` does. The models' calls go out together, as a prefill's."""
-        wanted = {m: [r for r in self.rows.values() if r.row_id in self._absent.get(m, ())] for m in chain}
-        wanted = {m: rows for m, rows in wanted.items() if rows}
+        wanted = {}   # the rows each model lacks
+        for m in chain:
+            lacking = self._absent.get(m) and [r for r in self.rows.values() if r.row_id in self._absent[m]]
+            if lacking:
+                wanted[m] = lacking
         if not wanted:
             return
         futures = {m: self._start_on_every_worker(
