@@ -28,6 +28,7 @@ class CycleBreakdown:
     cycle_ns: int = 0
     choose_ns: int = 0
     prefill_ns: int = 0
+    late_prefill_ns: int = 0   # the part of cycle_ns prefilling the row on a model that joined it late
     levels: dict[str, LevelTiming] = field(default_factory=lambda: defaultdict(LevelTiming))
     ahead: LevelTiming = field(default_factory=LevelTiming)   # a pipelined batch's ahead drafts
     cycles_from_ahead: int = 0   # cycles whose proposal an ahead draft made (no drafter call)
@@ -35,6 +36,7 @@ class CycleBreakdown:
     def observe_cycle(self, report: CycleReport, cycle_ns: int, choose_ns: int) -> None:
         self.cycle_ns += cycle_ns
         self.choose_ns += choose_ns
+        self.late_prefill_ns += report.late_prefill_ns
         for model, result in report.results.items():
             level = self.levels[model]
             level.calls += 1

@@ -194,16 +194,18 @@ class ChainBatch:
         return [m for m, w in self.workers.items()
                 if m in self.prefill_on or m == self.target or isinstance(w, LookupProposer)]
 
-    def _join_absent(self, chain: Sequence[str]) -> None:
+    def _join_absent(self, chain: Sequence[str]) -> int:
         """Prefills, on each model of `chain`, the rows its state of the batch lacks (they joined while it sat
-        out): their tokens but the last, as `add` does. The models' calls go out together, as a prefill's."""
+        out): their tokens but the last, as `add` does. The models' calls go out together, as a prefill's.
+        Returns the wall time it took (0 when no model lacked a row)."""
         wanted = {}   # the rows each model lacks
         for m in chain:
             lacking = self._absent.get(m) and [r for r in self.rows.values() if r.row_id in self._absent[m]]
             if lacking:
                 wanted[m] = lacking
         if not wanted:
-            return
+            return 0
+        started = time.perf_counter_ns()
         futures = {m: self._start_on_every_worker(
             lambda worker, state, rows=rows: worker.prefill(state, [(r.row_id, r.tokens[:-1]) for r in rows]), [m])[m]
             for m, rows in wanted.items()}
@@ -219,6 +221,7 @@ class ChainBatch:
             self._absent[m].difference_update(r.row_id for r in wanted[m])
         if failed is not None:
             raise self._call_failed(failed[0], failed[1], wanted[failed[0]]) from failed[1]
+        return time.perf_counter_ns() - started
 
     def remove(self, row_ids: Sequence[str], wait: bool = True) -> list[Row]:
         """Rows leave the batch; their entries are released on every worker. With `wait=False`, while other
@@ -393,7 +396,7 @@ class ChainBatch:
             raise ValueError("no running rows")
         self._settle_releases()
         self._bring_in_line(chain)
-        self._join_absent(chain)
+        late_prefill_ns = self._join_absent(chain)
         # the most proposal tokens a level may be handed: verifying k tokens takes k + 1 positions past the
         # row's, and the longest row sets it for all (a worker checks every row for the longest proposal)
         room = max(0, min(self.context_length - len(r.tokens) - 1 for r in rows))
@@ -459,7 +462,8 @@ class ChainBatch:
         report = CycleReport(chain, window, emitted, accepted, proposed, results, call_ns,
                              model_free=isinstance(self.workers[drafter], LookupProposer), shadow=shadow,
                              matches=matches,
-                             from_ahead=ahead is not None, ahead=ahead_result, ahead_ns=ahead_ns)
+                             from_ahead=ahead is not None, ahead=ahead_result, ahead_ns=ahead_ns,
+                             late_prefill_ns=late_prefill_ns)
         after_ahead, self._ahead_ran = self._ahead_ran == (chain, window), None
         if ahead_result is not None and report.accepted_whole():   # the next cycle may take its proposal
             self._ahead_ran = (chain, window)

@@ -30,6 +30,9 @@ class CycleReport:
     from_ahead: bool = False
     ahead: StepResult | None = None
     ahead_ns: int = 0
+    # wall time of the cycle spent prefilling rows on a model of the chain that had not yet seen them (it was
+    # left out of their prefill at join): a catch-up, priced as such, not the router's cost of a cycle
+    late_prefill_ns: int = 0
 
     def accepted_whole(self) -> bool:
         """Every level accepted every row's whole proposal (only then may the next cycle take its proposal

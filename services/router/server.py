@@ -189,7 +189,7 @@ def _stats_pb(stats: dict) -> pb.GenerationStats:
 
     breakdown = pb.CycleBreakdown(cycle_ns=b.cycle_ns, choose_ns=b.choose_ns, prefill_ns=b.prefill_ns,
                                   levels={m: timing(t) for m, t in b.levels.items()}, ahead=timing(b.ahead),
-                                  cycles_from_ahead=b.cycles_from_ahead)
+                                  cycles_from_ahead=b.cycles_from_ahead, late_prefill_ns=b.late_prefill_ns)
     return pb.GenerationStats(**{**stats, "breakdown": breakdown})
 
 

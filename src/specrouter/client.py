@@ -117,6 +117,9 @@ class CycleBreakdown:
     # the cycles whose proposal one of them made; the other ahead drafts were thrown away
     ahead: LevelTiming = field(default_factory=LevelTiming)
     cycles_from_ahead: int = 0
+    # prefilling the request on a model that joined it late (the router's `prefill_recent_cycles`; part of
+    # cycle_ns)
+    late_prefill_ns: int = 0
 
     @classmethod
     def from_pb(cls, m: pb.CycleBreakdown) -> CycleBreakdown:
@@ -124,7 +127,7 @@ class CycleBreakdown:
             return LevelTiming(t.calls, t.call_ns, t.handler_ns, t.forward_ns)
 
         return cls(m.cycle_ns, m.choose_ns, m.prefill_ns, {name: timing(t) for name, t in m.levels.items()},
-                   timing(m.ahead), m.cycles_from_ahead)
+                   timing(m.ahead), m.cycles_from_ahead, m.late_prefill_ns)
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,12 @@ def test_requests_come_in_whole_waves_of_two_at_least() -> None:
 
 
 def _stats(cycles: int, total_ms: float, queue_ms: float, cycle_ms: float, choose_ms: float, prefill_ms: float,
-           levels: dict[str, tuple[int, float, float, float]]):
+           levels: dict[str, tuple[int, float, float, float]], late_prefill_ms: float = 0.0):
     ms = lambda x: int(x * 1e6)   # noqa: E731
     timing = {m: SimpleNamespace(calls=c, call_ns=ms(call), handler_ns=ms(h), forward_ns=ms(f))
               for m, (c, call, h, f) in levels.items()}
     breakdown = SimpleNamespace(cycle_ns=ms(cycle_ms), choose_ns=ms(choose_ms), prefill_ns=ms(prefill_ms),
-                                levels=timing)
+                                late_prefill_ns=ms(late_prefill_ms), levels=timing)
     return SimpleNamespace(cycles=cycles, total_ns=ms(total_ms), queue_ns=ms(queue_ms), breakdown=breakdown)
 
 
@@ -60,15 +60,17 @@ def test_breakdown_is_per_cycle_over_every_request() -> None:
     totals = BreakdownSum()
     # request 1: 4 cycles of 10 ms; drafter calls 4 ms (handler 3, forward 2), target calls 5 (4.5, 4)
     totals.observe(_stats(4, 60, 2, 40, 0.4, 6, {"d": (4, 4, 3, 2), "t": (4, 5, 4.5, 4)}), client_ns=int(61e6))
-    # request 2: 6 cycles
-    totals.observe(_stats(6, 90, 3, 60, 0.6, 9, {"d": (6, 6, 4.5, 3), "t": (6, 7.5, 6.75, 6)}), client_ns=int(93e6))
+    # request 2: 6 cycles, one of which prefilled it on the drafter for 2 ms (it joined without it)
+    totals.observe(_stats(6, 90, 3, 60, 0.6, 9, {"d": (6, 6, 4.5, 3), "t": (6, 7.5, 6.75, 6)}, late_prefill_ms=2),
+                   client_ns=int(93e6))
     b = totals.summary()
     assert (b.requests, b.cycles) == (2, 10)
     assert b.forward_ms == pytest.approx({"d": 0.5, "t": 1.0})
     assert b.handler_outside_forward_ms == pytest.approx((3 + 4.5 + 4.5 + 6.75 - 2 - 4 - 3 - 6) / 10)
     assert b.transport_ms == pytest.approx((4 + 5 + 6 + 7.5 - 3 - 4.5 - 4.5 - 6.75) / 10)
-    assert b.router_in_cycle_ms == pytest.approx((100 - 22.5 - 1.0) / 10)
+    assert b.router_in_cycle_ms == pytest.approx((100 - 22.5 - 1.0 - 2.0) / 10)
     assert b.choose_ms == pytest.approx(0.1)
+    assert b.late_prefill_ms == pytest.approx(0.2)
     assert b.outside_cycles_ms == pytest.approx((150 - 5 - 100) / 10)
     assert b.cycle_ms == pytest.approx(10.0)
     assert b.client_side_ms_per_request == pytest.approx((154 - 150) / 2)

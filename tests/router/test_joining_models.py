@@ -88,15 +88,17 @@ def test_rows_left_out_of_a_models_prefill_emit_the_targets_tokens(pool, seed) -
         if batch.rows:
             chain = rng.choice(CHAINS)
             m_calls = len(pool["m"].calls)
-            batch.step(chain, rng.randrange(1, 7))
+            report = batch.step(chain, rng.randrange(1, 7))
             new = pool["m"].calls[m_calls:]
+            lacking = sorted(set(batch.rows) - m_ran) if "m" in chain else []
             if "m" in chain:
-                lacking = sorted(set(batch.rows) - m_ran)
                 # the rows m lacked are prefilled first, then the cycle's call covers every running row
                 assert new[0] == ("prefill", lacking) if lacking else new[0][0] != "prefill"
                 m_ran |= set(batch.rows)
             else:
                 assert new == []
+            # the cycle reports that prefill's time apart, so it is not taken for the router's cost of a cycle
+            assert (report.late_prefill_ns > 0) == bool(lacking)
         finished = [r for r, row in batch.rows.items() if row.finish_reason]
         out.update({row.row_id: row.generated for row in batch.remove(finished)})
         cycle += 1

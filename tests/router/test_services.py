@@ -147,6 +147,8 @@ def test_each_response_says_where_its_cycles_spent_their_time(client, local, pro
         for level in b.levels.values():
             assert level.calls == stats.cycles
             assert 0 < level.forward_ns <= level.handler_ns <= level.call_ns
+        # a named chain's rows join on each of its models: no model prefills them late
+        assert b.late_prefill_ns == 0
         assert sum(level.call_ns for level in b.levels.values()) + b.choose_ns <= b.cycle_ns
         assert 0 < b.prefill_ns and b.cycle_ns + b.prefill_ns <= stats.total_ns
     target_only = client.generate(prompts[0], max_new_tokens=NEW_TOKENS, chain="target")

@@ -294,7 +294,8 @@ class Scheduler:
                 calls += wall
                 if wall:
                     self.call_overheads.observe(model, len(rows), len(result.timings), max(0, wall - result.forward_ns))
-            self.cycle_overheads.observe(len(rows), max(0, cycle_ns - calls))
+            # a late prefill is a catch-up (`catch_up_ns` prices it), not a cost every cycle pays
+            self.cycle_overheads.observe(len(rows), max(0, cycle_ns - calls - report.late_prefill_ns))
             drafter = report.chain[0]
             draft = report.results.get(drafter)
             if len(rows) == 1 and len(report.chain) > 1 and draft is not None and inputs is not None:

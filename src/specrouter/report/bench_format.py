@@ -110,7 +110,7 @@ def screening_table(cells: Sequence[Cell]) -> list[str]:
 
 
 BREAKDOWN_COLUMNS = ("cycles", "forward ms/cycle", "handler outside forward", "transport + serialization",
-                     "router in-cycle", "choose", "outside cycles", "cycle", "client-side ms/request")
+                     "router in-cycle", "choose", "late prefill", "outside cycles", "cycle", "client-side ms/request")
 
 
 def _breakdown_cells(b: Breakdown | None, short) -> list[str]:
@@ -118,7 +118,8 @@ def _breakdown_cells(b: Breakdown | None, short) -> list[str]:
         return ["unavailable"] + ["-"] * (len(BREAKDOWN_COLUMNS) - 1)
     forward = ", ".join(f"{short(m)} {ms:.2f}" for m, ms in b.forward_ms.items())
     return [str(b.cycles), forward, *(f"{v:.2f}" for v in (b.handler_outside_forward_ms, b.transport_ms,
-                                                             b.router_in_cycle_ms, b.choose_ms, b.outside_cycles_ms,
+                                                             b.router_in_cycle_ms, b.choose_ms, b.late_prefill_ms,
+                                                             b.outside_cycles_ms,
                                                              b.cycle_ms, b.client_side_ms_per_request))]
 
 

@@ -109,6 +109,7 @@ class BreakdownSum:
     cycle_ns: int = 0
     choose_ns: int = 0
     prefill_ns: int = 0
+    late_prefill_ns: int = 0
     levels: dict[str, LevelSum] = field(default_factory=dict)
     available: bool = True
 
@@ -126,6 +127,7 @@ class BreakdownSum:
         self.cycle_ns += breakdown.cycle_ns
         self.choose_ns += breakdown.choose_ns
         self.prefill_ns += breakdown.prefill_ns
+        self.late_prefill_ns += breakdown.late_prefill_ns
         for model, timing in breakdown.levels.items():
             level = self.levels.setdefault(model, LevelSum())
             level.calls += timing.calls
@@ -147,8 +149,9 @@ class BreakdownSum:
             forward_ms={m: per_cycle(level.forward_ns) for m, level in sorted(self.levels.items())},
             handler_outside_forward_ms=per_cycle(handlers - forwards),
             transport_ms=per_cycle(calls - handlers),
-            router_in_cycle_ms=per_cycle(self.cycle_ns - calls - self.choose_ns),
+            router_in_cycle_ms=per_cycle(self.cycle_ns - calls - self.choose_ns - self.late_prefill_ns),
             choose_ms=per_cycle(self.choose_ns),
+            late_prefill_ms=per_cycle(self.late_prefill_ns),
             outside_cycles_ms=per_cycle(outside),
             cycle_ms=per_cycle(self.cycle_ns),
             client_side_ms_per_request=(self.client_ns - self.total_ns) / self.requests / NS_PER_MS)
@@ -163,8 +166,9 @@ class Breakdown:
     forward_ms: dict[str, float]        # each model's forward passes
     handler_outside_forward_ms: float   # the workers' handlers around the forward passes (decode, engine, encode)
     transport_ms: float                 # the router's calls less the handlers: gRPC, serialization, transport
-    router_in_cycle_ms: float           # the router's cycle less its calls and its choice
+    router_in_cycle_ms: float           # the router's cycle less its calls, its choice and its late prefills
     choose_ms: float                    # the router's chain and window decision
+    late_prefill_ms: float              # prefills of rows on a model of the chain that had not seen them yet
     outside_cycles_ms: float            # total - queue - cycles (the queue holds the prefill): the batcher's loop
     cycle_ms: float                     # the router's cycle, all of it
     client_side_ms_per_request: float   # the client's wall time of a call less the router's total, per request

@@ -79,7 +79,7 @@ class LevelTiming(_message.Message):
     def __init__(self, calls: _Optional[int] = ..., call_ns: _Optional[int] = ..., handler_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ...) -> None: ...
 
 class CycleBreakdown(_message.Message):
-    __slots__ = ("cycle_ns", "choose_ns", "prefill_ns", "levels", "ahead", "cycles_from_ahead")
+    __slots__ = ("cycle_ns", "choose_ns", "prefill_ns", "levels", "ahead", "cycles_from_ahead", "late_prefill_ns")
     class LevelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,13 +93,15 @@ class CycleBreakdown(_message.Message):
     LEVELS_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     CYCLES_FROM_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    LATE_PREFILL_NS_FIELD_NUMBER: _ClassVar[int]
     cycle_ns: int
     choose_ns: int
     prefill_ns: int
     levels: _containers.MessageMap[str, LevelTiming]
     ahead: LevelTiming
     cycles_from_ahead: int
-    def __init__(self, cycle_ns: _Optional[int] = ..., choose_ns: _Optional[int] = ..., prefill_ns: _Optional[int] = ..., levels: _Optional[_Mapping[str, LevelTiming]] = ..., ahead: _Optional[_Union[LevelTiming, _Mapping]] = ..., cycles_from_ahead: _Optional[int] = ...) -> None: ...
+    late_prefill_ns: int
+    def __init__(self, cycle_ns: _Optional[int] = ..., choose_ns: _Optional[int] = ..., prefill_ns: _Optional[int] = ..., levels: _Optional[_Mapping[str, LevelTiming]] = ..., ahead: _Optional[_Union[LevelTiming, _Mapping]] = ..., cycles_from_ahead: _Optional[int] = ..., late_prefill_ns: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats")

@@ -29,3 +29,20 @@ def test_decisions_are_cheap_once_planned() -> None:
         sched.choose(batch)
     assert sched.counts["plans"] == plans          # no re-planning on the decision path
     assert sched.decision_ns.get() < 1e6           # well under a millisecond per decision
+
+
+def test_a_cycles_late_prefill_is_not_taken_for_the_routers_overhead() -> None:
+    """A cycle that first prefilled rows on a model left out of their join spent that time as a catch-up
+    (`catch_up_ns` prices it): the router's overhead per cycle, which every chain's cost carries, is the
+    cycle's wall time less its calls and that prefill."""
+    from specrouter.router.cycle_report import CycleReport
+    from specrouter.contract.calls import ForwardTiming, StepResult
+
+    sched, _ = make({("a", "t"): 0.7}, explore_after_s=1e9)
+    rows = list(FakeBatch(1).rows.values())
+    step = StepResult(tokens=[[5]], rows=[None], timings=[ForwardTiming(1_000_000, 1, 1, 1)])
+    report = CycleReport(("a", "t"), 1, emitted={"0": [5]}, accepted={"t": [0]}, proposed={"t": [1]},
+                         results={"a": step, "t": step}, call_ns={"a": 2_000_000, "t": 3_000_000},
+                         late_prefill_ns=40_000_000)
+    sched.observe(report, rows, 46_000_000, True)
+    assert sched.cycle_overheads.value(1) == 1_000_000
