@@ -40,6 +40,7 @@ from specrouter.router.scheduling.snapshot import Snapshot
 log = logging.getLogger(__name__)
 
 PLANS_KEPT = 256   # plans held before those not asked for lately are dropped
+CHAIN_PREDICTIONS_KEPT = 4096   # one snapshot's chain predictions held for plans to share, before they are dropped
 
 Matches = int | tuple[int, ...] | None
 """The lookup level's matches a plan prices its chains at: one length for every row, the rows' lengths (a
@@ -140,8 +141,12 @@ class Planner:
         self._version = 0
         self._last_snapshot_id = None
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
-        # (snapshot version, a plan key without its match) -> the predictions of the chains without a free level
-        self._model_chains: dict[tuple, list[Prediction]] = {}
+        # predictions per chain, by what they depend on, from one snapshot and at most `recompute_s` old (the
+        # router's overheads they include move every cycle): plans made meanwhile that differ in the rows'
+        # matches share their chains of models, and those that differ in a record's shift of some pairs the
+        # chains without them
+        self._chains_made: tuple[int, float] | None = None   # (snapshot version, when) of those predictions
+        self._chain_predictions: dict[tuple, list[Prediction]] = {}
         longest = max((max(self.windows(c)) for c in self.chains), default=0)
         self._finish_reach = FINISH_HORIZON + longest + 1   # tokens left a finish is costed to
         self._stop = threading.Event()
@@ -314,38 +319,25 @@ class Planner:
             cycle_overhead, known, scales = self._overheads(batch)
         overhead = functools.partial(call_overhead, known)
         later_passes = functools.partial(draft_scale, scales)
-        # the chains of models alone are priced alike whatever the lookup's match: plans that differ in it
-        # alone share those chains' predictions (made once per snapshot), and price the lookup's chains
-        models_key = (version, greedy_rows, sampling_rows, coupled_rows, common, shift, pairs)
-        shared = self._model_chains.get(models_key) if match is not None else None
-        if self._model_chains and next(iter(self._model_chains))[0] != version:
-            self._model_chains.clear()
-        predictions, of_models = [], []
+        if (self._chains_made is None or self._chains_made[0] != version
+                or now - self._chains_made[1] >= s.recompute_s or len(self._chain_predictions) > CHAIN_PREDICTIONS_KEPT):
+            self._chains_made, self._chain_predictions = (version, now), {}
+        predictions = []
         for chain in self.chains:
             if not all(m in latency.models() for m in chain):
                 continue
-            if shared is not None and chain[0] not in self._free:
-                continue
-            windows = self.windows(chain)
-            depth = max(windows) + len(chain)
-            moved = [step * (common + (shift if pairs is None or pair in pairs else 0)) for pair in chain_pairs(chain)]
-            groups = []
-            for mode, rows, at in _row_groups(counts, match if chain[0] in self._free else None):
-                rates = [estimates.rates((by_match(d, at) if at is not None and d in self._free else d, v, mode), depth)
-                         for d, v in chain_pairs(chain)]
-                groups.append(RowGroup(rows, [[shifted(a, odds) for a in r] if odds else r
-                                              for r, odds in zip(rates, moved)]))
-            priced = predict_windows(chain, windows, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK,
-                                     later_passes)
+            moved = tuple(step * (common + (shift if pairs is None or pair in pairs else 0))
+                          for pair in chain_pairs(chain))
+            free = chain[0] in self._free
+            chain_key = (chain, greedy_rows, sampling_rows, coupled_rows, moved, match if free else None)
+            priced = self._chain_predictions.get(chain_key)
+            if priced is None:
+                priced = self._chain_predictions[chain_key] = self._predict_chain(
+                    chain, counts, match if free else None, moved, estimates, latency, overhead, cycle_overhead,
+                    later_passes)
+                if pause:
+                    time.sleep(0)
             predictions += priced
-            if chain[0] not in self._free:
-                of_models += priced
-            if pause:
-                time.sleep(0)
-        if shared is not None:
-            predictions += shared
-        elif self._free:
-            self._model_chains[models_key] = of_models
         predictions.sort(key=lambda p: p.t_eff_ns)
         # a one-row plan's finish costs serve only its last cycles (`scoring.finish_score`), which make them
         # where none were made: the planner thread makes them with the plan, off the cycle's path
@@ -355,6 +347,22 @@ class Planner:
         self.planning_ns += time.perf_counter_ns() - started
         return Plan(predictions, {(p.chain, p.window): p for p in predictions}, estimates, latency, now, version,
                     finish)
+
+    def _predict_chain(self, chain: tuple[str, ...], counts: Mapping[Mode, int], match: Matches,
+                       moved: Sequence[float], estimates: AcceptanceEstimates, latency, overhead, cycle_overhead: float,
+                       later_passes) -> list[Prediction]:
+        """One chain at each of its windows, its pairs' acceptance moved by `moved` log-odds, a model-free
+        level's after the rows' `match`."""
+        windows = self.windows(chain)
+        depth = max(windows) + len(chain)
+        groups = []
+        for mode, rows, at in _row_groups(counts, match):
+            rates = [estimates.rates((by_match(d, at) if at is not None and d in self._free else d, v, mode), depth)
+                     for d, v in chain_pairs(chain)]
+            groups.append(RowGroup(rows, [[shifted(a, odds) for a in r] if odds else r
+                                          for r, odds in zip(rates, moved)]))
+        return predict_windows(chain, windows, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK,
+                               later_passes)
 
 
 def _row_groups(counts: Mapping[Mode, int], match: Matches) -> list[tuple[Mode, int, int | None]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.router.scheduling.fakes import FakeBatch, make
+from tests.router.scheduling.fakes import Clock, FakeBatch, make
 
 
 def test_a_lone_rows_drafts_that_look_ahead_price_its_longer_windows_lower() -> None:
@@ -12,7 +12,8 @@ def test_a_lone_rows_drafts_that_look_ahead_price_its_longer_windows_lower() -> 
     from specrouter.router.scheduling.draft_passes import draft_scale
     from specrouter.contract.calls import ForwardTiming, StepResult
 
-    sched, _ = make({("a", "t"): 0.7}, explore_after_s=1e9)
+    clock = Clock()
+    sched, _ = make({("a", "t"): 0.7}, clock=clock, explore_after_s=1e9)
     before = sched.planner.make(1, 0)
     batch = FakeBatch(1)
     rows = list(batch.rows.values())
@@ -28,6 +29,7 @@ def test_a_lone_rows_drafts_that_look_ahead_price_its_longer_windows_lower() -> 
     assert [draft_scale(known, "a", w) for w in (2, 3, 4, 5, 6, 8)] == pytest.approx([0.8, 0.8, 0.8, 0.5, 0.5, 0.5],
                                                                                        rel=1e-6)
     assert draft_scale(known, "b", 4) == 1.0
+    clock.now += sched.settings.recompute_s   # a plan made a round later carries the measurements
     after = sched.planner.make(1, 0)
     for window in (3, 6):
         was, now = before.by_key[(("a", "t"), window)], after.by_key[(("a", "t"), window)]

@@ -314,7 +314,7 @@ def test_plans_apart_by_match_share_the_model_chains_and_price_the_lookups_alone
             assert p.t_eff_ns == pytest.approx(alone.by_key[key].t_eff_ns, rel=1e-9), key
             if key[0][0] != LOOKUP:
                 assert p is over_all.by_key[key]                   # shared, not recomputed
-        fresh.planner._model_chains.clear()
+        fresh.planner._chain_predictions.clear()
     assert (sched.planner.make(1, 0, common=1, match=3).by_key[((LOOKUP, "t"), 8)].emitted
             > over_all.by_key[((LOOKUP, "t"), 8)].emitted
             > sched.planner.make(1, 0, common=1, match=0).by_key[((LOOKUP, "t"), 8)].emitted)

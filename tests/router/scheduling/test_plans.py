@@ -182,3 +182,32 @@ def test_the_planner_thread_runs_nicer_than_the_router(nice: int) -> None:
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
     finally:
         sched.close()
+
+
+def test_plans_apart_by_a_records_shift_share_the_chains_it_does_not_move() -> None:
+    """A record's shift moves the pairs of the chain the rows ran: a plan made for it within a round of
+    another recomputes only the chains through those pairs, and prices every chain as a plan made from
+    scratch would. A round later nothing is shared, so the router's overheads measured since enter."""
+    from specrouter.router.scheduling.candidates import chain_pairs
+
+    acceptance = {("a", "t"): 0.8, ("b", "t"): 0.6, ("a", "b"): 0.7}
+    clock = Clock()
+    sched, _ = make(acceptance, clock, explore_after_s=1e9)
+    fresh, _ = make(acceptance, Clock(), explore_after_s=1e9)
+    moved_pairs = frozenset({("a", "t")})
+    base = sched.planner.make(1, 0, common=1)
+    moved = sched.planner.make(1, 0, common=1, shift=2, pairs=moved_pairs)
+    alone = fresh.planner.make(1, 0, common=1, shift=2, pairs=moved_pairs)
+    assert moved.by_key.keys() == alone.by_key.keys() == base.by_key.keys()
+    through = 0
+    for key, p in moved.by_key.items():
+        assert p.t_eff_ns == pytest.approx(alone.by_key[key].t_eff_ns, rel=1e-9), key
+        if moved_pairs & set(chain_pairs(key[0])):
+            through += 1
+            assert p is not base.by_key[key] and p.emitted > base.by_key[key].emitted
+        else:
+            assert p is base.by_key[key]   # shared, not recomputed
+    assert through == len(sched.planner.windows(("a", "t")))
+    clock.now += sched.settings.recompute_s
+    later = sched.planner.make(1, 0, common=1)
+    assert all(later.by_key[key] is not p for key, p in base.by_key.items())
