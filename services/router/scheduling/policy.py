@@ -21,7 +21,8 @@
   proportionally longer for one further behind (up to `explore_after_max_s`): its estimate would have to
   be that much off to matter, and each exploration costs a slower cycle and a catch-up. An overdue pair
   waits for a batch whose rows its chain's models have all seen (at batch 1, a request's first cycle:
-  every model prefilled it), up to `explore_patience` times its wait, so that it pays no catch-up.
+  every model prefilled it), up to `explore_patience` times its wait (longer where the catch-up costs
+  more cycles than that), so that it pays no catch-up.
 """
 
 from __future__ import annotations
@@ -165,11 +166,16 @@ class Policy:
                     stale.append((age / max(wait, 1e-9), (d, v, mode)))
         # the most overdue first, in the best-ranked chain that holds it, at its window + extra; a chain whose
         # models missed tokens of the rows must feed them first (the catch-up), which can cost more than the
-        # exploration cycle itself (at batch 1, a prefill of the whole row by a model that never saw it),
-        # so it waits for a batch with none, up to `explore_patience` times overdue
+        # exploration cycle itself (at batch 1, a prefill of the whole row by a model that never saw it; at
+        # batch 16, of sixteen rows), so it waits for a batch with none, up to `explore_patience` times
+        # overdue, and longer where the catch-up costs more cycles than that: an exploration's price is its
+        # cycle and its catch-up, and a pair waits in proportion to it
         for overdue, (d, v, mode) in sorted(stale, key=lambda item: item[0], reverse=True):   # ties: greedy first
             p = next((p for p in predictions if (d, v) in chain_pairs(p.chain)), None)
-            if p is None or (overdue < s.explore_patience and catch_up_ns(plan, p.chain, rows) > 0):
+            if p is None:
+                continue
+            catch_up = catch_up_ns(plan, p.chain, rows)
+            if catch_up > 0 and overdue < max(s.explore_patience, 1.0 + catch_up / p.cost_ns):
                 continue
             window = p.window + s.explore_extra_window
             if (p.chain, window) not in plan.by_key:   # past the chain's longest window: its best stands

@@ -294,3 +294,34 @@ def test_a_large_batchs_decision_stands_while_its_size_stays_within_a_half_octav
             batch.rows[r].finish_reason = "length"
         sched.choose(batch)
         assert sched.counts["decisions"] == decisions, (rows, left)
+
+
+def test_an_exploration_whose_catch_up_costs_many_cycles_waits_longer() -> None:
+    """At batch 16 a model that sat out must first feed every row's tokens: a catch-up of several cycles.
+    An overdue pair then waits past `explore_patience` until it is overdue by 1 + that catch-up over its
+    chain's cycle, so that its explorations cost the router no more of its time than a cheap one's."""
+    from specrouter.router.scheduling.policy import catch_up_ns
+
+    clock = Clock()
+    sched, _ = make({("a", "t"): 0.9, ("b", "t"): 0.9, ("a", "b"): 0.9, ("b", "a"): 0.9}, clock,
+                    explore_after_s=5.0, explore_gap=0.0, explore_every_cycles=1, explore_patience=2.0)
+    batch = FakeBatch(16)
+    for row in batch.rows.values():   # 300 tokens on, drafted by a: b has seen none of them
+        row.tokens += list(range(4, 304))
+        row.seen = {"a": len(row.tokens) - 1, "t": len(row.tokens) - 1, "b": 2}
+    for pair in sched.pairs:
+        sched.freshness.mark((*pair, Mode.GREEDY), clock.now)
+    assert "b" not in sched.choose(batch)[0]
+    plan = sched.plan(16, 0)
+    rows = list(batch.rows.values())
+    through_b = next(p for p in plan.predictions if "b" in p.chain)
+    factor = 1.0 + catch_up_ns(plan, through_b.chain, rows) / through_b.cost_ns
+    assert factor > 2.0 * 1.2    # the catch-up costs more cycles than explore_patience allows for
+    start = clock.now
+    for _ in range(1200):         # a cycle every 0.1 s; (a, t) stays measured
+        clock.now += 0.1
+        sched.freshness.mark(("a", "t", Mode.GREEDY), clock.now)
+        if "b" in sched.choose(batch)[0]:
+            break
+    assert sched.counts["explorations"] == 1
+    assert 5.0 * factor <= clock.now - start < 5.0 * factor + 1.0
