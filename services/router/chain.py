@@ -75,6 +75,11 @@ def workers_of_chain(chain: Sequence[str] | None, workers: Mapping[str, Worker])
     return {m: w for m, w in workers.items() if m in chain}
 
 
+def _prefill_rows(rows: Sequence[Row]) -> list[tuple[str, list[int]]]:
+    """What a prefill feeds a model of each row: its tokens but the last, whose logits start the next cycle."""
+    return [(r.row_id, r.tokens[:-1]) for r in rows]
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return sum(1 for _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a, b)))
 
@@ -168,7 +173,7 @@ class ChainBatch:
                 raise ValueError(f"row {row.row_id!r} is already running")
         self._settle_releases()
         self._bring_in_line(self.workers)
-        batch = [(r.row_id, r.tokens[:-1]) for r in rows]
+        batch = _prefill_rows(rows)
         n = self.prompt_positions
         now = self._prefilled_at_join()
         try:
@@ -207,7 +212,7 @@ class ChainBatch:
             return 0
         started = time.perf_counter_ns()
         futures = {m: self._start_on_every_worker(
-            lambda worker, state, rows=rows: worker.prefill(state, [(r.row_id, r.tokens[:-1]) for r in rows]), [m])[m]
+            lambda worker, state, fed=_prefill_rows(rows): worker.prefill(state, fed), [m])[m]
             for m, rows in wanted.items()}
         failed = None
         for m, future in futures.items():   # each answer waited for, so no call stays in flight
@@ -287,7 +292,7 @@ class ChainBatch:
                     self.orphans.release(worker, self.state_ids[model])
                     self.state_ids[model] = uuid.uuid4().hex
             if rows:
-                worker.prefill(self.state_ids[model], [(r.row_id, r.tokens[:-1]) for r in rows])
+                worker.prefill(self.state_ids[model], _prefill_rows(rows))
         except Exception as exc:
             raise self._call_failed(model, exc, rows) from exc
         for r in rows:

@@ -328,13 +328,12 @@ class Planner:
                 continue
             moved = tuple(step * (common + (shift if pairs is None or pair in pairs else 0))
                           for pair in chain_pairs(chain))
-            free = chain[0] in self._free
-            chain_key = (chain, greedy_rows, sampling_rows, coupled_rows, moved, match if free else None)
+            at = match if chain[0] in self._free else None   # chains of models alone price no match
+            chain_key = (chain, greedy_rows, sampling_rows, coupled_rows, moved, at)
             priced = self._chain_predictions.get(chain_key)
             if priced is None:
                 priced = self._chain_predictions[chain_key] = self._predict_chain(
-                    chain, counts, match if free else None, moved, estimates, latency, overhead, cycle_overhead,
-                    later_passes)
+                    chain, counts, at, moved, estimates, latency, overhead, cycle_overhead, later_passes)
                 if pause:
                     time.sleep(0)
             predictions += priced

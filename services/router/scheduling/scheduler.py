@@ -210,18 +210,22 @@ class Scheduler:
     def _standing(self, batch: ChainBatch, rows: Sequence[Row], common: int, shift: int,
                   chain: tuple[str, ...] | None, window: int) -> tuple:
         """What a decision is made for: the batch's running rows, as their number per decoding mode in half
-        octaves (`_size_class`; a lone row by its id), a lone row's lookup match, the rows' prompts' and records' shifts, the chain and window the requests
-        named, the models the batch has and the profiler's snapshot. While it stays the same, the decision
-        stands for `decision_cycles` cycles: a decision costs 1-6 ms (a plan made on the cycle's path where
-        the models run in the router), at batch 4 a tenth of a cycle, and the policy's hysteresis keeps a
-        batch's choice from one cycle to the next anyway. A row that leaves as another of its mode joins
-        (at batch 16, in most cycles, often a cycle apart) changes the plan's key only through the rows'
-        shifts, which are part of this, so it does not end a decision by itself; nor does a batch's mix of matches, which changes
-        nearly every cycle (in 146 of 182 at batch 4). A lone row's match, which decides between the
-        lookup's chains and the models', does. Explorations and the rows' last cycles are decided anew."""
+        octaves (`_size_class`; a lone row by its id), a lone row's lookup match, the rows' prompts' and
+        records' shifts, the chain and window the requests named, the models the batch has and the
+        profiler's snapshot. While it stays the same, the decision stands for `decision_cycles` cycles: a
+        decision costs 1-6 ms (a plan made on the cycle's path where the models run in the router), at batch
+        4 a tenth of a cycle, and the policy's hysteresis keeps a batch's choice from one cycle to the next
+        anyway. A row that leaves as another of its mode joins (at batch 16, in most cycles, often a cycle
+        apart) changes the plan's key only through the rows' shifts, which are part of this, so it does not
+        end a decision by itself; nor does a batch's mix of matches, which changes nearly every cycle (in
+        146 of 182 at batch 4). A lone row's match, which decides between the lookup's chains and the
+        models', does. Explorations and the rows' last cycles are decided anew."""
         workers = getattr(batch, "workers", None)
-        members = (rows[0].row_id,) if len(rows) == 1 else tuple(
-            _size_class(sum(mode_of(r) is m for r in rows)) for m in Mode)
+        if len(rows) == 1:
+            members = (rows[0].row_id,)
+        else:
+            modes = Counter(mode_of(r) for r in rows)
+            members = tuple(_size_class(modes[m]) for m in Mode)
         return (members, self._match(batch, rows) if len(rows) == 1 else None, common, shift,
                 chain, window, None if workers is None else frozenset(workers), self.planner.version())
 
