@@ -6,6 +6,7 @@ import itertools
 import math
 import random
 
+import numpy as np
 import pytest
 
 from specrouter.router.scheduling.cycle_cost import (Prediction, RowGroup, accepted_distribution, expected_batch_cost,
@@ -120,13 +121,21 @@ def test_every_window_at_once_predicts_what_one_window_at_a_time_does(seed) -> N
     """A plan predicts each chain at all its windows in one pass (predict_windows): every field of every
     prediction equals predict's for that window, to rounding, for chains of two to four levels (the lookup
     at the bottom), windows up to 15, row groups of different sizes and rates shorter or longer than the
-    proposals, with and without the drafter's later passes scaled."""
+    proposals, with and without the drafter's later passes scaled, with the passes' costs read one by one
+    or as a table's arrays. Predicted again, with the acceptance matrices kept from the first time, every
+    prediction is the same."""
     rng = random.Random(seed)
     costs = {**COSTS, "lookup": (0.0, 0.0)}
 
-    def lat(model: str, batch: int, tokens: int) -> float:
-        fixed, per_token = costs[model]
-        return fixed + per_token * batch * tokens + 1e4 * tokens * tokens
+    class Lat:
+        def __call__(self, model: str, batch: int, tokens: int) -> float:
+            fixed, per_token = costs[model]
+            return fixed + per_token * batch * tokens + 1e4 * tokens * tokens
+
+        def costs(self, model: str, batch: int, longest: int) -> np.ndarray:
+            return np.array([self(model, batch, k) for k in range(1, longest + 1)])
+
+    lat = Lat() if seed % 2 else Lat().__call__
 
     chain = rng.choice([("a", "t"), ("b", "t"), ("a", "b", "t"), ("lookup", "t"), ("lookup", "a", "t"),
                         ("lookup", "a", "b", "t")])
@@ -146,6 +155,7 @@ def test_every_window_at_once_predicts_what_one_window_at_a_time_does(seed) -> N
                      *zip(p.level_ns, alone.level_ns), *zip(p.emitted_dist, alone.emitted_dist),
                      *zip(itertools.chain(*p.checks), itertools.chain(*alone.checks))]:
             assert x == pytest.approx(y, rel=1e-9, abs=1e-12)
+    assert predict_windows(chain, windows, groups, lat, overhead, cycle_overhead, 4, scale) == together
 
 
 def test_prediction_fails_when_the_cycle_differs() -> None:
@@ -336,6 +346,14 @@ def test_latency_table_fits_a_line_per_batch_size() -> None:
     assert table("m", 32, 4) >= 30.0                          # never cheaper than the largest measured
     with pytest.raises(KeyError, match="no latency measured"):
         table("other", 1, 1)
+
+
+def test_latency_table_costs_are_its_passes_as_a_read_only_array() -> None:
+    table = LatencyTable({"m": {(1, 1): (5.0, 1.0), (1, 4): (11.0, 1.0), (4, 2): (20.0, 1.0), (4, 8): (50.0, 1.0)}})
+    for batch in (1, 3, 4, 16):
+        costs = table.costs("m", batch, 12)
+        assert costs.tolist() == [table("m", batch, k) for k in range(1, 13)]
+        assert table.costs("m", batch, 12) is costs and not costs.flags.writeable
 
 
 def test_latency_table_trusts_points_by_their_passes() -> None:

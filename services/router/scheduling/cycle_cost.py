@@ -25,6 +25,7 @@ mean of each position but ignores correlation between rows of one batch).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -176,18 +177,36 @@ def _acceptance_matrices(rates: Sequence[Sequence[float]], longest: int) -> tupl
     """accepted_distribution as a matrix over proposal lengths 0 .. `longest`, for each row group's rates:
     T[g, l, m + 1] = P(a proposal of l tokens hands up m + 1), and the expected positions checked for
     each l (tried[g, l])."""
-    a = np.array([[r[m] if m < len(r) else r[-1] for m in range(longest + 1)] for r in rates])
-    groups = len(rates)
+    return _group_matrices(tuple(map(tuple, rates)), longest)
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_matrices(rates: tuple[tuple[float, ...], ...], longest: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_acceptance_matrices` of the groups' rates, kept (read-only) for the next plan that prices the same
+    pairs at the same shifts: a plan prices every chain, and a pair's rates recur in the plans for other
+    matches of the lookup's rows and other records' shifts of other pairs."""
+    matrices = [_acceptance_matrix(r, longest) for r in rates]
+    t, tried = np.stack([t for t, _ in matrices]), np.stack([tried for _, tried in matrices])
+    t.flags.writeable = tried.flags.writeable = False
+    return t, tried
+
+
+@functools.lru_cache(maxsize=1024)
+def _acceptance_matrix(rates: tuple[float, ...], longest: int) -> tuple[np.ndarray, np.ndarray]:
+    """One row group's (T[l, m + 1], tried[l]) of `_acceptance_matrices`, kept (read-only) for every chain
+    through the same pair at the same shift."""
+    a = np.array([rates[m] if m < len(rates) else rates[-1] for m in range(longest + 1)])
     reach = np.ones_like(a)                                # P(the first m positions accepted)
-    reach[:, 1:] = np.cumprod(a, axis=1)[:, :-1]
+    reach[1:] = np.cumprod(a)[:-1]
     ended = reach * (1.0 - a)                              # P(m accepted, then a rejection)
     lengths = np.arange(longest + 1)
     below = lengths[None, :] < lengths[:, None]            # [l, m]: m < l
-    t = np.zeros((groups, longest + 1, longest + 2))
-    t[:, :, 1:] = np.where(below[None], ended[:, None, :], 0.0)
-    t[:, lengths, lengths + 1] = reach
+    t = np.zeros((longest + 1, longest + 2))
+    t[:, 1:] = np.where(below, ended[None, :], 0.0)
+    t[lengths, lengths + 1] = reach
     tried = np.zeros_like(a)                               # sum over m < l of P(reach m)
-    tried[:, 1:] = np.cumsum(reach, axis=1)[:, :-1]
+    tried[1:] = np.cumsum(reach)[:-1]
+    t.flags.writeable = tried.flags.writeable = False
     return t, tried
 
 
@@ -196,10 +215,15 @@ def _expected_max_cost(dists: np.ndarray, rows: np.ndarray, cost: np.ndarray) ->
     group g has length l under candidate k, `rows[g]` the group's rows; `cost[l]` is the cost of a pass
     whose longest row has l tokens. Lengths below 1e-12 of probability are skipped as
     expected_batch_cost skips them."""
-    at_most = np.prod(np.minimum(np.cumsum(dists, axis=2), 1.0) ** rows[:, None, None], axis=0)
+    cdf = np.minimum(np.cumsum(dists, axis=2), 1.0)
+    if len(rows) == 1:   # one group (a lone row, or rows that all match alike): no product over groups
+        at_most = cdf[0] if rows[0] == 1 else cdf[0] ** rows[0]
+    else:
+        at_most = np.prod(cdf ** rows[:, None, None], axis=0)
     p = at_most.copy()
     p[:, 1:] -= at_most[:, :-1]
-    return np.where(p > 1e-12, p, 0.0) @ cost
+    p[p <= 1e-12] = 0.0
+    return p @ cost
 
 
 def predict_windows(chain: Sequence[str], windows: Sequence[int], groups: Sequence[RowGroup],
@@ -229,7 +253,7 @@ def predict_windows(chain: Sequence[str], windows: Sequence[int], groups: Sequen
     for level, model in enumerate(chain[1:]):
         top = longest + level             # the longest incoming proposal at this level
         cost = np.zeros(width)
-        cost[:top + 1] = [latency(model, batch, 1 + length) for length in range(top + 1)]
+        cost[:top + 1] = pass_costs(latency, model, batch, top + 1)
         verify_ns.append(_expected_max_cost(incoming, rows, cost) + overhead(model, 1))
         t, t_tried = _acceptance_matrices([g.acceptance[level] for g in groups], top)
         out = np.zeros_like(incoming)
@@ -247,15 +271,15 @@ def predict_windows(chain: Sequence[str], windows: Sequence[int], groups: Sequen
     for i, w in enumerate(windows):
         first[:, i, 2:width - w + 1] = incoming[:, i, w + 1:]
     draft_cost = np.zeros(width + 1)
-    draft_cost[1:] = [latency(drafter, batch, n) for n in range(1, width + 1)]
+    draft_cost[1:] = pass_costs(latency, drafter, batch, width)
     first_ns = _expected_max_cost(first, rows, draft_cost)
     lengths = np.arange(width)
     mixed = (rows @ incoming.reshape(len(groups), -1)).reshape(len(ws), width) / batch
     emitted = mixed @ lengths
     square = mixed @ (lengths * lengths)
     out = []
-    verify_ns = np.stack(verify_ns, axis=1).tolist()                       # [window][level]
-    checks = np.stack([np.stack(c, axis=1) for c in checks], axis=1).tolist()   # [window][level][2]
+    verify_ns = np.array(verify_ns).T.tolist()                      # [window][level]
+    checks = np.array(checks).transpose(2, 0, 1).tolist()          # [window][level][2]
     rows = zip(windows, first_ns.tolist(), verify_ns, checks, emitted.tolist(), square.tolist(), mixed.tolist())
     for w, first_w, verify_w, checks_w, e, sq, mixed_w in rows:
         later = draft_scale(drafter, w) if draft_scale is not None and batch == 1 else 1.0
@@ -263,6 +287,15 @@ def predict_windows(chain: Sequence[str], windows: Sequence[int], groups: Sequen
         out.append(Prediction(chain, w, batch, sum(level_ns) + cycle_overhead_ns, e, level_ns,
                               tuple(map(tuple, checks_w)), max(0.0, sq - e * e), tuple(mixed_w[:w + len(chain)])))
     return out
+
+
+def pass_costs(latency: LatencyFn, model: str, batch: int, longest: int) -> Sequence[float]:
+    """latency(model, batch, k) for k = 1 .. `longest`; from the table's own array where it keeps one
+    (`LatencyTable.costs`), as a plan asks for the same passes of every chain through a model."""
+    costs = getattr(latency, "costs", None)
+    if costs is not None:
+        return costs(model, batch, longest)
+    return [latency(model, batch, k) for k in range(1, longest + 1)]
 
 
 def call_overhead(known: Mapping[tuple[str, int], float], model: str, forwards: int) -> float:

@@ -13,6 +13,8 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
+
 from specrouter.contract.measures import bucket
 from specrouter.router.scheduling.snapshot import Snapshot
 
@@ -52,6 +54,7 @@ class LatencyTable:
                                                              if k > 1 or len(r) == 1]), r)
                                      for b, r in rows.items()}
         self._cache: dict[tuple[str, int, int], float] = {}
+        self._costs: dict[tuple[str, int, int], np.ndarray] = {}
 
     def models(self) -> set[str]:
         return set(self._by_batch) | self.free
@@ -65,6 +68,16 @@ class LatencyTable:
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._lookup(model, batch_size, tokens)
+        return hit
+
+    def costs(self, model: str, batch_size: int, longest: int) -> np.ndarray:
+        """This table at tokens 1 .. `longest` for one model and batch size, as a read-only array (a plan's
+        chains through a model price the same passes)."""
+        key = (model, batch_size, longest)
+        hit = self._costs.get(key)
+        if hit is None:
+            hit = self._costs[key] = np.array([self(model, batch_size, k) for k in range(1, longest + 1)])
+            hit.flags.writeable = False
         return hit
 
     def _lookup(self, model: str, batch_size: int, tokens: int) -> float:

@@ -317,7 +317,7 @@ class Planner:
         step = s.batch_odds_step
         with self._lock:   # a copy: cycles add to the EMAs while this plan is made
             cycle_overhead, known, scales = self._overheads(batch)
-        overhead = functools.partial(call_overhead, known)
+        overhead = functools.lru_cache(maxsize=None)(functools.partial(call_overhead, known))   # per plan
         later_passes = functools.partial(draft_scale, scales)
         if (self._chains_made is None or self._chains_made[0] != version
                 or now - self._chains_made[1] >= s.recompute_s or len(self._chain_predictions) > CHAIN_PREDICTIONS_KEPT):
