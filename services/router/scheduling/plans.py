@@ -7,8 +7,8 @@ then powers of two), with the acceptance of every pair shifted by a common numbe
 rows' prompts) and of some pairs by more (the rows' own record). A background planner thread refreshes
 the plans in use every `recompute_s` from the profiler's latest snapshot, so a decision on the cycle's
 path is a dictionary lookup; only a composition never seen before, or one not asked for since its plan's
-snapshot was replaced more than `plan_max_age_s` ago, is planned inline. A shift not yet planned is
-planned by the planner thread, the nearest planned one serving meanwhile. Without the thread (where the
+snapshot was replaced more than `plan_max_age_s` ago, is planned inline. A shift not yet planned (or a
+batch's mix of lookup matches) is planned by the planner thread, the nearest planned one serving meanwhile. Without the thread (where the
 router holds the models) a decision remakes its plan when it finds it stale.
 """
 
@@ -139,7 +139,7 @@ class Planner:
         self.counts = counts   # "plans" made, "stand_ins": shifts served by the nearest planned one
         self.planning_ns = 0                      # time spent planning, all threads
         self._version = 0
-        self._last_snapshot_id = None
+        self._last_snapshot: Snapshot | None = None   # held, so that a new one is never taken for it by its id
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
         # predictions per chain, by what they depend on, from one snapshot and at most `recompute_s` old (the
         # router's overheads they include move every cycle): plans made meanwhile that differ in the rows'
@@ -213,8 +213,8 @@ class Planner:
 
     def _refresh_snapshot(self) -> Snapshot | None:
         snapshot = self._snapshot()
-        if snapshot is not None and id(snapshot) != self._last_snapshot_id:
-            self._last_snapshot_id = id(snapshot)
+        if snapshot is not None and snapshot is not self._last_snapshot:
+            self._last_snapshot = snapshot
             self._version += 1
             self._on_snapshot(snapshot, self._clock())
         return snapshot
@@ -254,8 +254,9 @@ class Planner:
         and of `pairs`, every pair if None, by `shift` more; the lookup level priced at its acceptance after
         the rows' matches, `Matches`): the standing plan, made now if there is none
         (or it is stale and no planner thread runs, or too old to serve: `_servable`). A shift the planner
-        thread has not planned yet (or whose plan is too old) is left to it; the nearest servable planned
-        shift serves meanwhile, and with none the plan is made now."""
+        thread has not planned yet (or whose plan is too old), or for a batch of several rows a mix of
+        matches, is left to it; the nearest servable planned one (by matches, then by shift) serves
+        meanwhile, and with none the plan is made now."""
         if pairs is None:   # every pair moved by common + shift steps: one plan whichever part moves it
             common, shift = common + shift, 0
         key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None,
@@ -265,19 +266,28 @@ class Planner:
         planner_running = self.thread is not None and self.thread.is_alive()
         if plan is not None and planner_running and not self._servable(plan, now):
             plan = None
-        if plan is None and (shift or common):
+        # a batch's mix of matches changes nearly every cycle, and its decision stands over several mixes
+        # anyway (`Scheduler._standing`): with the planner thread, the nearest mix serves until the thread
+        # has made this one (made inline, each new mix cost a decision 2-4 ms at batch 4)
+        mixes = planner_running and sum(key.composition) > 1 and match is not None
+        if plan is None and (shift or common or mixes):
             # with the planner thread, the nearest servable shift serves until the thread has made this one;
             # without it, a servable plan one step away serves (each plan made on the cycle's path costs the
             # cycle a few ms, and rows' shifts differ by a step from request to request and move a step now
             # and then)
             reach = math.inf if planner_running else 1
+
+            def distance(k: PlanKey) -> tuple[float, int]:
+                return match_distance(k.match, match), abs(k.common - common) + abs(k.shift - shift)
+
             near = [k for k, p in self.plans.items()
-                    if k.composition == key.composition and k.pairs in (key.pairs, None) and k.match == match
+                    if k.composition == key.composition and k.pairs in (key.pairs, None)
+                    and (k.match == match or (mixes and k.match is not None))
                     and abs(k.common - common) + abs(k.shift - shift) <= reach and self._servable(p, now)]
             if near:
                 self.counts["stand_ins"] += 1
                 self._wake.set()
-                return self.plans[min(near, key=lambda k: abs(k.common - common) + abs(k.shift - shift))]
+                return self.plans[min(near, key=distance)]
         if plan is None or (not planner_running and self._stale(plan)):
             plan = self.plans[key] = self.make(*key)
             if len(self.plans) > self._plans_kept:
@@ -362,6 +372,20 @@ class Planner:
                                           for r, odds in zip(rates, moved)]))
         return predict_windows(chain, windows, groups, latency, overhead, cycle_overhead, TARGET_ONLY_BLOCK,
                                later_passes)
+
+
+def match_distance(a: Matches, b: Matches) -> float:
+    """How far apart two batches' lookup matches are: the sum over rows of the difference of their sorted
+    match lengths (one length stands for every row); 0 for equal matches, infinite where one is None (the
+    lookup priced over every match) or the batches differ in rows."""
+    if a is None or b is None:
+        return 0.0 if a == b else math.inf
+    rows = len(a) if isinstance(a, tuple) else len(b) if isinstance(b, tuple) else 1
+    xs = a if isinstance(a, tuple) else (a,) * rows
+    ys = b if isinstance(b, tuple) else (b,) * rows
+    if len(xs) != len(ys):
+        return math.inf
+    return float(sum(abs(x - y) for x, y in zip(xs, ys)))
 
 
 def _row_groups(counts: Mapping[Mode, int], match: Matches) -> list[tuple[Mode, int, int | None]]:

@@ -115,13 +115,14 @@ def test_sampled_rows_get_no_shadow_check(tiny_pool) -> None:
     assert not any(key[2] is Mode.SAMPLING and key[0] == LOOKUP for key in counts)
 
 
-def _scheduler(acceptance, **settings) -> Scheduler:
+def _scheduler(acceptance, clock: Clock | None = None, **settings) -> Scheduler:
     return Scheduler(list(DECODE_MS), "t", SchedulerSettings(**settings), lambda: snapshot(acceptance),
-                     clock=Clock(), levels=[LOOKUP])
+                     clock=clock or Clock(), levels=[LOOKUP])
 
 
 def test_the_lookup_costs_no_pass_and_its_measured_call() -> None:
-    sched = _scheduler({("a", "t"): 0.7, (LOOKUP, "t"): 0.7})
+    clock = Clock()
+    sched = _scheduler({("a", "t"): 0.7, (LOOKUP, "t"): 0.7}, clock)
     plan = sched.planner.make(1, 0)
     lookup_chain = plan.by_key[((LOOKUP, "t"), 4)]
     assert lookup_chain.level_ns[0] == 0.0                  # no forward pass, no call measured yet
@@ -132,6 +133,7 @@ def test_the_lookup_costs_no_pass_and_its_measured_call() -> None:
                              results={LOOKUP: StepResult(tokens=[[7] * 4], rows=[None])},
                              call_ns={LOOKUP: 300_000}, model_free=True)
         sched.observe(report, [row], 20_000_000, True)
+    clock.now += sched.settings.recompute_s   # a round later: the overheads measured since enter the plans
     priced = sched.planner.make(1, 0).by_key[((LOOKUP, "t"), 4)]
     assert priced.level_ns[0] == pytest.approx(300_000, rel=0.01)
     assert priced.level_ns[1:] == lookup_chain.level_ns[1:]

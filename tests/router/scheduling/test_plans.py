@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -120,7 +121,7 @@ def test_a_shift_not_planned_yet_wakes_the_planner() -> None:
         assert sched.plan(1, 0, common=-4) is unshifted     # the stand-in
         assert sched.counts["stand_ins"] == 1
         for _ in range(500):
-            if (1, 0, -4, 0, None) in sched.planner.plans:
+            if PlanKey(1, 0, 0, -4, 0, None) in sched.planner.plans:
                 break
             time.sleep(0.01)
         shifted_plan = sched.plan(1, 0, common=-4)
@@ -133,6 +134,47 @@ def test_a_shift_not_planned_yet_wakes_the_planner() -> None:
     assert not sched.planner.thread.is_alive()        # closing wakes it to stop, not after its round
     from specrouter.router.server import schedule_pb
     assert schedule_pb(sched, 1, 0).stand_ins == 1    # on the wire, for the report
+
+
+def test_a_batchs_new_mix_of_matches_is_served_by_the_nearest_mix_while_the_planner_makes_it() -> None:
+    """With the planner thread, a batch of several rows whose mix of lookup matches has no plan yet is served
+    by the plan of the nearest mix (by the rows' sorted match lengths), and the thread makes its own at
+    once; a lone row's match, which decides between the lookup's chains and the models', is planned inline
+    as before. Without the thread (the router holding the models) a new mix is planned inline too."""
+    from specrouter.router.lookup import LOOKUP, by_match
+    from specrouter.router.scheduling.plans import match_distance
+
+    acceptance = {("a", "t"): 0.7, ("b", "t"): 0.75, ("a", "b"): 0.8}
+    acceptance.update({(by_match(LOOKUP, m), v): 0.2 + 0.2 * m for m in range(4) for v in ("a", "b", "t")})
+    clock = Clock()
+    holder = {"snapshot": snapshot(acceptance)}
+    sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, recompute_s=1000.0),
+                      lambda: holder["snapshot"], clock=clock, levels=[LOOKUP])
+    sched.plan(4, 0, match=(0, 0, 0, 0))                 # farther from (0, 0, 2, 2) than the next
+    near = sched.plan(4, 0, match=(0, 0, 3, 3))          # both inline: no thread yet
+    alone = sched.plan(1, 0, match=3)
+    assert sched.counts["stand_ins"] == 0
+    assert match_distance((0, 0, 3, 3), (0, 0, 2, 2)) == 2 and match_distance(0, (0, 0, 2, 2)) == 4
+    assert match_distance(None, 2) == math.inf and match_distance(3, 1) == 2
+    sched.start()
+    try:
+        assert sched.plan(4, 0, match=(0, 0, 2, 2)) is near             # the stand-in
+        assert sched.counts["stand_ins"] == 1
+        lone = sched.plan(1, 0, match=2)                                 # a lone row's match: made inline
+        assert lone is not alone and sched.counts["stand_ins"] == 1
+        key = PlanKey(4, 0, 0, 0, 0, None, (0, 0, 2, 2))
+        for _ in range(500):
+            if key in sched.planner.plans:
+                break
+            time.sleep(0.01)
+        made = sched.plan(4, 0, match=(0, 0, 2, 2))
+        assert made is not near and made is sched.planner.plans[key] and sched.counts["stand_ins"] == 1
+        fresh = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9), lambda: holder["snapshot"],
+                          clock=Clock(), levels=[LOOKUP]).planner.make(4, 0, match=(0, 0, 2, 2))
+        assert [(p.chain, p.window, p.emitted) for p in made.predictions] == \
+               [(p.chain, p.window, p.emitted) for p in fresh.predictions]
+    finally:
+        sched.close()
 
 
 def test_the_planner_survives_a_failing_snapshot() -> None:
