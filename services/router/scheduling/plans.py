@@ -256,7 +256,8 @@ class Planner:
         (or it is stale and no planner thread runs, or too old to serve: `_servable`). A shift the planner
         thread has not planned yet (or whose plan is too old), or for a batch of several rows a mix of
         matches, is left to it; the nearest servable planned one (by matches, then by shift) serves
-        meanwhile, and with none the plan is made now."""
+        meanwhile, and with none the plan is made now. Without the thread, a plan one step of shift away
+        serves, and for several rows one whose rows' match lengths differ by at most half the rows in sum."""
         if pairs is None:   # every pair moved by common + shift steps: one plan whichever part moves it
             common, shift = common + shift, 0
         key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None,
@@ -268,21 +269,23 @@ class Planner:
             plan = None
         # a batch's mix of matches changes nearly every cycle, and its decision stands over several mixes
         # anyway (`Scheduler._standing`): with the planner thread, the nearest mix serves until the thread
-        # has made this one (made inline, each new mix cost a decision 2-4 ms at batch 4)
-        mixes = planner_running and sum(key.composition) > 1 and match is not None
+        # has made this one; without it, a mix whose rows' match lengths differ by at most half the batch's
+        # rows in sum (made inline, each new mix cost a decision 2-4 ms at batch 4)
+        mixes = sum(key.composition) > 1 and match is not None
         if plan is None and (shift or common or mixes):
             # with the planner thread, the nearest servable shift serves until the thread has made this one;
             # without it, a servable plan one step away serves (each plan made on the cycle's path costs the
             # cycle a few ms, and rows' shifts differ by a step from request to request and move a step now
             # and then)
             reach = math.inf if planner_running else 1
+            match_reach = math.inf if planner_running else sum(key.composition) / 2 if mixes else 0
 
             def distance(k: PlanKey) -> tuple[float, int]:
                 return match_distance(k.match, match), abs(k.common - common) + abs(k.shift - shift)
 
             near = [k for k, p in self.plans.items()
                     if k.composition == key.composition and k.pairs in (key.pairs, None)
-                    and (k.match == match or (mixes and k.match is not None))
+                    and (k.match == match or (mixes and match_distance(k.match, match) <= match_reach))
                     and abs(k.common - common) + abs(k.shift - shift) <= reach and self._servable(p, now)]
             if near:
                 self.counts["stand_ins"] += 1

@@ -140,7 +140,8 @@ def test_a_batchs_new_mix_of_matches_is_served_by_the_nearest_mix_while_the_plan
     """With the planner thread, a batch of several rows whose mix of lookup matches has no plan yet is served
     by the plan of the nearest mix (by the rows' sorted match lengths), and the thread makes its own at
     once; a lone row's match, which decides between the lookup's chains and the models', is planned inline
-    as before. Without the thread (the router holding the models) a new mix is planned inline too."""
+    as before. Without the thread (the router holding the models) a mix within half the batch's rows of a
+    planned one (in match lengths summed over its rows) is served by it, and one farther is planned."""
     from specrouter.router.lookup import LOOKUP, by_match
     from specrouter.router.scheduling.plans import match_distance
 
@@ -150,25 +151,28 @@ def test_a_batchs_new_mix_of_matches_is_served_by_the_nearest_mix_while_the_plan
     holder = {"snapshot": snapshot(acceptance)}
     sched = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9, recompute_s=1000.0),
                       lambda: holder["snapshot"], clock=clock, levels=[LOOKUP])
-    sched.plan(4, 0, match=(0, 0, 0, 0))                 # farther from (0, 0, 2, 2) than the next
-    near = sched.plan(4, 0, match=(0, 0, 3, 3))          # both inline: no thread yet
+    far = sched.plan(4, 0, match=(0, 0, 0, 0))           # farther from (0, 0, 2, 2) than the next
+    near = sched.plan(4, 0, match=(0, 0, 3, 3))          # both inline: no thread yet, and 6 apart
     alone = sched.plan(1, 0, match=3)
     assert sched.counts["stand_ins"] == 0
+    assert sched.plan(4, 0, match=(0, 0, 1, 1)) is far and sched.counts["stand_ins"] == 1   # 2 apart: served
+    apart = sched.plan(4, 0, match=(0, 1, 1, 1))         # 3 from the nearest: planned
+    assert apart is not far and apart is not near and sched.counts["stand_ins"] == 1
     assert match_distance((0, 0, 3, 3), (0, 0, 2, 2)) == 2 and match_distance(0, (0, 0, 2, 2)) == 4
     assert match_distance(None, 2) == math.inf and match_distance(3, 1) == 2
     sched.start()
     try:
         assert sched.plan(4, 0, match=(0, 0, 2, 2)) is near             # the stand-in
-        assert sched.counts["stand_ins"] == 1
+        assert sched.counts["stand_ins"] == 2
         lone = sched.plan(1, 0, match=2)                                 # a lone row's match: made inline
-        assert lone is not alone and sched.counts["stand_ins"] == 1
+        assert lone is not alone and sched.counts["stand_ins"] == 2
         key = PlanKey(4, 0, 0, 0, 0, None, (0, 0, 2, 2))
         for _ in range(500):
             if key in sched.planner.plans:
                 break
             time.sleep(0.01)
         made = sched.plan(4, 0, match=(0, 0, 2, 2))
-        assert made is not near and made is sched.planner.plans[key] and sched.counts["stand_ins"] == 1
+        assert made is not near and made is sched.planner.plans[key] and sched.counts["stand_ins"] == 2
         fresh = Scheduler(list(DECODE_MS), "t", SchedulerSettings(explore_after_s=1e9), lambda: holder["snapshot"],
                           clock=Clock(), levels=[LOOKUP]).planner.make(4, 0, match=(0, 0, 2, 2))
         assert [(p.chain, p.window, p.emitted) for p in made.predictions] == \
