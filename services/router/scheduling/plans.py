@@ -8,8 +8,9 @@ rows' prompts) and of some pairs by more (the rows' own record). A background pl
 the plans in use every `recompute_s` from the profiler's latest snapshot, so a decision on the cycle's
 path is a dictionary lookup; only a composition never seen before, or one not asked for since its plan's
 snapshot was replaced more than `plan_max_age_s` ago, is planned inline. A shift not yet planned (or a
-batch's mix of lookup matches) is planned by the planner thread, the nearest planned one serving meanwhile. Without the thread (where the
-router holds the models) a decision remakes its plan when it finds it stale.
+batch's mix of lookup matches) is planned by the planner thread, the nearest planned one serving
+meanwhile. Without the thread (where the router holds the models) a decision remakes its plan when it
+finds it stale.
 """
 
 from __future__ import annotations
@@ -278,19 +279,15 @@ class Planner:
             # cycle a few ms, and rows' shifts differ by a step from request to request and move a step now
             # and then)
             reach = math.inf if planner_running else 1
-            match_reach = math.inf if planner_running else sum(key.composition) / 2 if mixes else 0
-
-            def distance(k: PlanKey) -> tuple[float, int]:
-                return match_distance(k.match, match), abs(k.common - common) + abs(k.shift - shift)
-
-            near = [k for k, p in self.plans.items()
+            match_reach = 0 if not mixes else math.inf if planner_running else sum(key.composition) / 2
+            near = [(d, k) for k, p in self.plans.items()
                     if k.composition == key.composition and k.pairs in (key.pairs, None)
-                    and (k.match == match or (mixes and match_distance(k.match, match) <= match_reach))
-                    and abs(k.common - common) + abs(k.shift - shift) <= reach and self._servable(p, now)]
-            if near:
+                    and (d := (match_distance(k.match, match), abs(k.common - common) + abs(k.shift - shift)))[0]
+                    <= match_reach and d[1] <= reach and self._servable(p, now)]
+            if near:   # the nearest by matches, then by shift
                 self.counts["stand_ins"] += 1
                 self._wake.set()
-                return self.plans[min(near, key=distance)]
+                return self.plans[min(near, key=lambda dk: dk[0])[1]]
         if plan is None or (not planner_running and self._stale(plan)):
             plan = self.plans[key] = self.make(*key)
             if len(self.plans) > self._plans_kept:
