@@ -2,10 +2,10 @@
 
 The pool is the demo pool's smallest models: the 1M drafter, the same checkpoint served a second time
 under another name (so that three-level chains, and with them intermediate levels, cost almost nothing),
-and the 5M model as the target. A quick run (`FAST`) is what `pytest -m "not slow"` runs; the tests marked
-slow run the same properties over `SLOW.max_examples` examples: 80, or SPECROUTER_FUZZ_EXAMPLES (a few
-thousand for a long hunt; 80, twice the quick run's, keeps the full suite's fuzz near two and a half
-minutes on two cores).
+and the 5M model as the target. A quick run (`FAST`, 40 examples) is what `pytest -m "not slow"` runs;
+the tests marked slow run the same properties over `SLOW.max_examples` examples more, so that the full
+suite draws SPECROUTER_FUZZ_EXAMPLES examples of each property in all (80 by default: the quick run's 40
+and the long run's 40, about a minute and a quarter on two cores; a few thousand for a long hunt).
 `--hypothesis-show-statistics` prints how many examples each test ran.
 """
 
@@ -31,7 +31,7 @@ FAST = settings(max_examples=40, deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example,
                                        # the fixtures that check the services after a test run once per test
                                        HealthCheck.function_scoped_fixture])
-SLOW = settings(FAST, max_examples=int(os.environ.get("SPECROUTER_FUZZ_EXAMPLES", "80")))
+SLOW = settings(FAST, max_examples=max(1, int(os.environ.get("SPECROUTER_FUZZ_EXAMPLES", "80")) - FAST.max_examples))
 
 
 def worker(logs, model: str, name: str | None = None) -> ServiceProcess:
@@ -77,7 +77,8 @@ def router_channel(router):
 
 def quick_and_long(prop, *examples, **strategies):
     """Two tests of the property `prop(fixture, **drawn)`: a quick run (FAST) with the explicit `examples`
-    (the bugs the fuzz found), and a slow-marked long run (SLOW) that starts from the same examples."""
+    (the bugs the fuzz found), and a slow-marked long run (SLOW) that starts from the same examples and
+    draws new ones (hypothesis keeps no database here, so its draws are not the quick run's)."""
     for add_example in examples:
         prop = add_example(prop)
     quick = FAST(given(**strategies)(prop))
