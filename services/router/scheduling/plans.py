@@ -10,7 +10,8 @@ path is a dictionary lookup; only a composition never seen before, or one not as
 snapshot was replaced more than `plan_max_age_s` ago, is planned inline. A shift not yet planned (or a
 batch's mix of lookup matches) is planned by the planner thread, the nearest planned one serving
 meanwhile. Without the thread (where the router holds the models) a decision remakes its plan when it
-finds it stale.
+finds it stale, within a budget of the router's time (`inline_planning_share`): past it, stale plans stand
+and the nearest plan of a batch's composition serves a new key.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from specrouter.router.scheduling.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
+INLINE_WINDOW_S = 1.0   # the time constant over which the share of time spent planning inline is measured
 PLANS_KEPT = 256   # plans held before those not asked for lately are dropped
 CHAIN_PREDICTIONS_KEPT = 4096   # one snapshot's chain predictions held for plans to share, before they are dropped
 
@@ -142,6 +144,7 @@ class Planner:
         self._version = 0
         self._last_snapshot: Snapshot | None = None   # held, so that a new one is never taken for it by its id
         self._wanted: dict[PlanKey, float] = {}   # plan key -> last time a decision needed it
+        self._inline: tuple[float, float] | None = None   # (load, when): planning on the cycle's path (`inline_share`)
         # predictions per chain, by what they depend on, from one snapshot and at most `recompute_s` old (the
         # router's overheads they include move every cycle): plans made meanwhile that differ in the rows'
         # matches share their chains of models, and those that differ in a record's shift of some pairs the
@@ -248,6 +251,17 @@ class Planner:
             return True
         return plan.version == self._version
 
+    def inline_share(self, now: float) -> float:
+        """The share of the router's time spent making plans on the cycle's path, decayed over
+        INLINE_WINDOW_S: each plan adds its duration over the window, and the sum fades by e^(-t / window)."""
+        if self._inline is None:
+            return 0.0
+        load, then = self._inline
+        return load * math.exp(-max(0.0, now - then) / INLINE_WINDOW_S)
+
+    def _note_inline(self, now: float, seconds: float) -> None:
+        self._inline = (self.inline_share(now) + seconds / INLINE_WINDOW_S, now)
+
     def plan(self, greedy_rows: int, sampling_rows: int, shift: int = 0,
              pairs: frozenset[tuple[str, str]] | None = None, common: int = 0, coupled_rows: int = 0,
              match: Matches = None) -> Plan:
@@ -258,7 +272,11 @@ class Planner:
         thread has not planned yet (or whose plan is too old), or for a batch of several rows a mix of
         matches, is left to it; the nearest servable planned one (by matches, then by shift) serves
         meanwhile, and with none the plan is made now. Without the thread, a plan one step of shift away
-        serves, and for several rows one whose rows' match lengths differ by at most half the rows in sum."""
+        serves, and for several rows one whose rows' match lengths differ by at most half the rows in sum;
+        and while planning on the cycle's path has taken more than `inline_planning_share` of the router's
+        time lately, a stale plan stands and the nearest plan of the composition serves whatever its
+        distance (at batch 4 with the models in the router, plans for the rows' new shifts and mixes and
+        for each new snapshot took 1.0-1.4 ms of a 20-22 ms cycle)."""
         if pairs is None:   # every pair moved by common + shift steps: one plan whichever part moves it
             common, shift = common + shift, 0
         key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None,
@@ -266,6 +284,7 @@ class Planner:
         now = self._wanted[key] = self._clock()
         plan = self.plans.get(key)
         planner_running = self.thread is not None and self.thread.is_alive()
+        over_budget = not planner_running and self.inline_share(now) > self.settings.inline_planning_share
         if plan is not None and planner_running and not self._servable(plan, now):
             plan = None
         # a batch's mix of matches changes nearly every cycle, and its decision stands over several mixes
@@ -273,22 +292,23 @@ class Planner:
         # has made this one; without it, a mix whose rows' match lengths differ by at most half the batch's
         # rows in sum (made inline, each new mix cost a decision 2-4 ms at batch 4)
         mixes = sum(key.composition) > 1 and match is not None
-        if plan is None and (shift or common or mixes):
+        if plan is None and (shift or common or mixes or over_budget):
             # with the planner thread, the nearest servable shift serves until the thread has made this one;
             # without it, a servable plan one step away serves (each plan made on the cycle's path costs the
             # cycle a few ms, and rows' shifts differ by a step from request to request and move a step now
             # and then)
-            reach = math.inf if planner_running else 1
-            match_reach = 0 if not mixes else math.inf if planner_running else sum(key.composition) / 2
+            reach = math.inf if planner_running or over_budget else 1
+            match_reach = (math.inf if over_budget or (mixes and planner_running) else sum(key.composition) / 2 if mixes
+                           else 0)
             near = [(d, k) for k, p in self.plans.items()
                     if k.composition == key.composition and k.pairs in (key.pairs, None)
                     and (d := (match_distance(k.match, match), abs(k.common - common) + abs(k.shift - shift)))[0]
-                    <= match_reach and d[1] <= reach and self._servable(p, now)]
+                    <= match_reach and d[1] <= reach and (over_budget or self._servable(p, now))]
             if near:   # the nearest by matches, then by shift
                 self.counts["stand_ins"] += 1
                 self._wake.set()
                 return self.plans[min(near, key=lambda dk: dk[0])[1]]
-        if plan is None or (not planner_running and self._stale(plan)):
+        if plan is None or (not planner_running and not over_budget and self._stale(plan)):
             plan = self.plans[key] = self.make(*key)
             if len(self.plans) > self._plans_kept:
                 self._forget_unused(now)
@@ -353,7 +373,11 @@ class Planner:
         finish = (Finish.of(predictions, FINISH_HORIZON, self._finish_reach) if pause and batch == 1 and predictions
                   else None)
         self.counts["plans"] += 1
-        self.planning_ns += time.perf_counter_ns() - started
+        spent = time.perf_counter_ns() - started
+        self.planning_ns += spent
+        if not pause:   # on the cycle's path, in the planner's clock's time
+            end = self._clock()
+            self._note_inline(end, end - now)
         return Plan(predictions, {(p.chain, p.window): p for p in predictions}, estimates, latency, now, version,
                     finish)
 

@@ -24,6 +24,11 @@ class SchedulerSettings(BaseModel):
                                         # decision finds its plan stale (False); None: a thread where the
                                         # models run in worker processes, the cycle's thread where the
                                         # router holds them (a planning thread there slows every pass)
+    inline_planning_share: float = Field(0.01, ge=0.0, le=1.0)   # without the planner thread: past this share
+                                        # of the router's time spent making plans on the cycle's path (over
+                                        # about the last second), a decision takes the nearest plan of its
+                                        # batch's composition and a stale plan stands, until the share falls
+                                        # back (0: plan inline only what has no plan of its composition)
     planner_nice: int = Field(10, ge=0, le=19)   # niceness of the planner thread (Linux): it plans in the
                                         # cores' idle time, not in the workers' (0: as the router)
     decision_cycles: int = Field(4, ge=1)   # a batch's decision stands for up to this many cycles while its

@@ -257,3 +257,36 @@ def test_plans_apart_by_a_records_shift_share_the_chains_it_does_not_move() -> N
     clock.now += sched.settings.recompute_s
     later = sched.planner.make(1, 0, common=1)
     assert all(later.by_key[key] is not p for key, p in base.by_key.items())
+
+
+def test_without_a_planner_thread_plans_past_the_inline_budget_give_way_to_the_nearest() -> None:
+    """Where the router holds the models, every plan is made on the cycle's path. While those plans have
+    taken more than `inline_planning_share` of the router's time lately, a new shift is served by the
+    nearest plan of its composition however far, and a stale plan stands; once the share has faded below
+    it, plans are made again."""
+    clock = Clock()
+    sched, holder = make({("a", "t"): 0.7, ("b", "t"): 0.75, ("a", "b"): 0.8}, clock, explore_after_s=1e9,
+                         recompute_s=0.01, inline_planning_share=0.02)
+    predict = sched.planner._predict_chain
+
+    def slow(*args, **kwargs):   # each chain priced takes 10 ms of the planner's clock: 4 chains a plan
+        clock.now += 0.010
+        return predict(*args, **kwargs)
+
+    sched.planner._predict_chain = slow
+    first = sched.plan(1, 0)
+    assert sched.planner.inline_share(clock.now) == pytest.approx(0.04)
+    assert sched.plan(1, 0, common=3) is first and sched.counts["stand_ins"] == 1   # 3 steps away: served
+    holder["snapshot"] = snapshot({("a", "t"): 0.5, ("b", "t"): 0.75, ("a", "b"): 0.8})
+    clock.now += 0.3   # stale, and the share (0.04 e^-0.3 = 0.030) still past the budget: it stands
+    assert sched.plan(1, 0) is first and sched.counts["plans"] == 1
+    clock.now += 2.0   # the share has faded (0.004): the new shift is planned, then the stale plan waits again
+    shifted = sched.plan(1, 0, common=3)
+    assert shifted is not first and sched.counts["plans"] == 2 and sched.counts["stand_ins"] == 1
+    assert sched.plan(1, 0) is first
+    clock.now += 2.0
+    remade = sched.plan(1, 0)
+    assert remade is not first and remade.version > first.version and sched.counts["plans"] == 3
+    # with the budget at 1 (every plan made whatever it costs) nothing stands in
+    sched.settings.inline_planning_share = 1.0
+    assert sched.plan(1, 0, common=-5) is not remade and sched.counts["stand_ins"] == 1
