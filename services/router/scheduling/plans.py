@@ -293,13 +293,17 @@ class Planner:
         # rows in sum (made inline, each new mix cost a decision 2-4 ms at batch 4)
         mixes = sum(key.composition) > 1 and match is not None
         if plan is None and (shift or common or mixes or over_budget):
-            # with the planner thread, the nearest servable shift serves until the thread has made this one;
-            # without it, a servable plan one step away serves (each plan made on the cycle's path costs the
-            # cycle a few ms, and rows' shifts differ by a step from request to request and move a step now
-            # and then)
-            reach = math.inf if planner_running or over_budget else 1
-            match_reach = (math.inf if over_budget or (mixes and planner_running) else sum(key.composition) / 2 if mixes
-                           else 0)
+            # how far (in shift steps, in match lengths) a stand-in may be: past the inline budget, any plan of
+            # the composition; with the planner thread, any shift and any mix until the thread has made this
+            # one; without it, a servable plan one step away and a mix within half the rows (each plan made on
+            # the cycle's path costs the cycle a few ms, and rows' shifts differ by a step from request to
+            # request and move a step now and then). A lone row's match is never stood in for below the budget.
+            if over_budget:
+                reach = match_reach = math.inf
+            elif planner_running:
+                reach, match_reach = math.inf, math.inf if mixes else 0
+            else:
+                reach, match_reach = 1, sum(key.composition) / 2 if mixes else 0
             near = [(d, k) for k, p in self.plans.items()
                     if k.composition == key.composition and k.pairs in (key.pairs, None)
                     and (d := (match_distance(k.match, match), abs(k.common - common) + abs(k.shift - shift)))[0]
@@ -373,8 +377,7 @@ class Planner:
         finish = (Finish.of(predictions, FINISH_HORIZON, self._finish_reach) if pause and batch == 1 and predictions
                   else None)
         self.counts["plans"] += 1
-        spent = time.perf_counter_ns() - started
-        self.planning_ns += spent
+        self.planning_ns += time.perf_counter_ns() - started
         if not pause:   # on the cycle's path, in the planner's clock's time
             end = self._clock()
             self._note_inline(end, end - now)
