@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from specrouter.report.bench_format import (check_lines, column_labels, format_m
                                             write_chart)
 from specrouter.report.bench_results import (ADAPTIVE, FAIL, HF_PROMPT_LOOKUP, HF_TARGET, LOOKUP_CHAIN,
                                              LOOKUP_THREE_LEVEL, NOT_RUN, PASS, SERVICES, SSD_SMALLEST, SSD_TUNED, THREE_LEVEL, TMO,
-                                             BreakdownSum, Cell, Mismatch, Screened, Spread, agreeing,
+                                             BreakdownSum, Cell, Mismatch, Runoff, Screened, Spread, agreeing,
                                              assisted_label, engine_label, evaluate_checks, find_mismatches,
                                              first_difference, set_ratios)
 from specrouter.report.workloads import Prompt
@@ -145,8 +146,29 @@ def test_checks_of_cells_not_run_are_not_run_and_never_pass() -> None:
     assert status["services TMO >= 0.92x in-process target-only, code, batch 1"] == NOT_RUN   # code always listed
     assert status["services TMO >= 0.92x in-process target-only, prose, batch 1"] == PASS
     assert status["services keep >= 0.9x the same chain and window in process, prose, batch 1"] == NOT_RUN
-    assert sum(s == NOT_RUN for s in status.values()) == 8   # no engine rows in the cell: no share kept
+    # no engine rows in the cell: no share kept; no batched cell: no run-off at 4 or 16
+    assert sum(s == NOT_RUN for s in status.values()) == 10
     assert evaluate_checks([], [], [])[-1].status == NOT_RUN
+
+
+def test_a_runoff_pairs_its_rounds_and_its_check_reads_the_runoff_not_the_rounds() -> None:
+    r = Runoff.of(SSD_TUNED, [100.0, 110.0], [100.0, 100.0], rounds_ratio=0.9)
+    assert r.ratio == pytest.approx(105.0 / 100.0)
+    assert r.se == pytest.approx(math.log(1.1) / 2)     # stdev of [0, log 1.1] over sqrt(2) pairs
+    assert Runoff.of(TMO, [100.0], [100.0], 1.0).se is None
+    name = "adaptive >= 0.97x the best static configuration (run-off), {kind}, batch {batch}"
+    cells = _cells()
+    cells[1].runoff = Runoff.of(SSD_TUNED, [98.0, 99.0, 97.0], [100.0, 100.0, 101.0], rounds_ratio=0.90)
+    checks = {c.name: c for c in evaluate_checks(cells, [], ["d"])}
+    passed = checks[name.format(kind="code", batch=4)]
+    assert passed.status == PASS and passed.value == pytest.approx(98.0 / 100.0)   # the rounds said 0.90
+    assert "over SSD-tuned 100.0 in 3 run-off rounds = 0.980x" in passed.detail
+    assert checks[name.format(kind="code", batch=16)].status == NOT_RUN
+    cells[1].runoff = Runoff.of(SSD_TUNED, [95.0, 96.0], [100.0, 100.0], rounds_ratio=1.0)
+    failed = {c.name: c for c in evaluate_checks(cells, [], ["d"])}[name.format(kind="code", batch=4)]
+    assert failed.status == FAIL and failed.value == pytest.approx(0.955)
+    cells[1].runoff = None
+    assert {c.name: c for c in evaluate_checks(cells, [], ["d"])}[name.format(kind="code", batch=4)].status == NOT_RUN
 
 
 # -- formatting -----------------------------------------------------------------------------------
@@ -173,6 +195,14 @@ def test_markdown_has_the_tables_and_the_checks(tmp_path: Path) -> None:
             in text)
     assert "| code | 1 | adaptive | 4 | 1m 0.50, 29m 1.00 |" in text      # the breakdown, names shortened
     assert "| code | 4 | TMO | unavailable |" in text
+    assert "## Run-off" not in text                                       # no batched cell ran one
+    report.cells[1].runoff = Runoff.of(TMO, [350.0, 370.0], [290.0, 270.0], rounds_ratio=360.0 / 280.0)
+    report.cells[1].entry(TMO).chain = ["t"]
+    ran = format_markdown(report)
+    assert "## Run-off at batch sizes above 1" in ran
+    assert "| code | 4 | TMO | t | 2 | 360.0 (350.0-370.0) | 280.0 (270.0-290.0) | 1.286x |" in ran
+    assert json.loads(json.dumps(report_json(report)))["cells"][1]["runoff"]["best"] == TMO
+    report.cells[1].runoff = None
     assert "- FAIL: greedy outputs equal across every services configuration and the engine in process." in text
     assert "code batch 4: adaptive, prompt 1, first differing token 7" in text
     lines = check_lines(report)
@@ -239,6 +269,34 @@ def test_a_cell_screens_then_runs_interleaved_rounds_and_checks_every_run() -> N
     first_round, second_round = bench.calls[5:19], bench.calls[19:]
     assert set(map(str, first_round)) == set(map(str, second_round)) and first_round != second_round  # shuffled
     assert bench.progress.done == bench.progress.total
+
+
+def test_a_batched_cell_runs_off_adaptive_against_the_fastest_static_of_the_rounds() -> None:
+    bench = FakeBench(batch_sizes=(2,))
+    w = workloads([Prompt("code", "a"), Prompt("code", "b")], bench.settings, lambda t: [1, 2])[0]
+    bench.progress.start(bench.planned_waves(w))
+    cell, mismatches = bench.cell(w, 0)
+    assert mismatches == []
+    r = cell.runoff
+    assert r.best == SSD_TUNED                                            # m,t W2: the fastest static
+    adaptive, best = ServiceConfig(None, 0), ServiceConfig(("m", "t"), 2)
+    rounds = bench.settings.runoff_rounds
+    assert bench.calls[-2 * rounds:] == [adaptive, best, best, adaptive] * (rounds // 2)   # alternating
+    assert r.adaptive.runs == [10.0] * rounds and r.static.runs == [50.0] * rounds
+    assert r.ratio == pytest.approx(0.2) and r.rounds_ratio == pytest.approx(0.2) and r.se == 0.0
+    assert bench.progress.done == bench.progress.total
+    # a run-off run that differs from TMO is found like any run
+    bench = FakeBench(batch_sizes=(2,), wrong=adaptive)
+    _, mismatches = bench.cell(w, 0)
+    assert sum(m.label == f"run-off {ADAPTIVE}" for m in mismatches) == rounds
+    # none at batch 1, none when asked for none
+    one = FakeBench()
+    w1 = workloads([Prompt("code", "a"), Prompt("code", "b")], one.settings, lambda t: [1, 2])[0]
+    assert one.cell(w1, 0)[0].runoff is None and one.runoff_waves(w1) == 0
+    bench = FakeBench(batch_sizes=(2,))
+    bench.settings = dataclasses.replace(bench.settings, runoff_rounds=0)
+    assert bench.cell(w, 0)[0].runoff is None
+    assert bench.calls.count(adaptive) == 1 + bench.settings.rounds     # the warm-up and the rounds alone
 
 
 def test_a_services_configuration_that_differs_from_tmo_is_reported() -> None:

@@ -23,7 +23,11 @@ The design, in order per cell:
 3. `rounds` interleaved rounds: each runs every configuration (the engine's rows too, at the chains and
    windows the screening picked) once over all of the cell's prompts, in an
    order shuffled per round (a machine that slows for a while slows every configuration alike); tokens/s
-   of a run is its generated tokens over its wall seconds; the median and range over rounds are kept.
+   of a run is its generated tokens over its wall seconds; the median and range over rounds are kept;
+4. run-off, at batch sizes above 1: `runoff_rounds` more rounds of adaptive and the static configuration
+   fastest over the rounds, alternating (`Runoff`). The fastest of six configurations measured three times
+   is picked for its luck too; measured again beside adaptive it is not, and the batched cells' check
+   (adaptive at least 0.97x the best static) reads the run-off.
 
 Every services and engine run's greedy tokens are compared with TMO's, prompt by prompt (the engine runs
 the same target); the peers' agreement with TMO is counted, not checked (a reduction of another shape
@@ -44,8 +48,8 @@ from specrouter.report.bench_in_process import InProcessRows, Run
 from specrouter.report.bench_results import (
     ADAPTIVE, ENGINE, ENGINE_TWINS, HF_PROMPT_LOOKUP, HF_TARGET, IN_PROCESS, LOOKUP_CHAIN, LOOKUP_THREE_LEVEL,
     SERVICES, SSD_SMALLEST,
-    SSD_TUNED, THREE_LEVEL, TMO, Breakdown, BreakdownSum, Cell, Check, Entry, Mismatch, Screened, Spread, agreeing,
-    assisted_label, engine_label, evaluate_checks, find_mismatches, set_ratios, tokens_per_s)
+    SSD_TUNED, THREE_LEVEL, TMO, Breakdown, BreakdownSum, Cell, Check, Entry, Mismatch, Runoff, Screened, Spread,
+    agreeing, assisted_label, engine_label, evaluate_checks, find_mismatches, set_ratios, tokens_per_s)
 from specrouter.report.inflight import in_flight
 from specrouter.report.machine import machine_line
 from specrouter.report.scheduler_results import Config as ServiceConfig   # (chain or None for adaptive, window)
@@ -70,6 +74,8 @@ class BenchSettings:
     three_level_window: int = 4
     lookup_window: int = 8            # of the lookup chain (lookup -> target), where the router has the level
     screening_waves: int = 2          # waves of a cell the screening runs over
+    runoff_rounds: int = 4            # at batch sizes above 1: rounds of adaptive and the best static after the
+                                      # rounds, alternating (0: no run-off)
     seed: int = 1234
     device: str = "cpu"               # where the local cluster's workers and the in-process rows run
     dtype: str = "float32"
@@ -224,7 +230,11 @@ class Bench:
         screening = len(self.two_level()) * min(w.waves, self.settings.screening_waves)
         services = self.planned_labels() + self.planned_engine_rows()   # the engine's rows run in waves too
         peer = len(w.prompts) * len(self.peer_labels(1)) if w.batch_size == 1 else w.waves
-        return 1 + screening + self.settings.rounds * (services * w.waves + peer)
+        return 1 + screening + self.settings.rounds * (services * w.waves + peer) + self.runoff_waves(w)
+
+    def runoff_waves(self, w: Workload) -> int:
+        """Generate waves of a cell's run-off: two configurations a round, at batch sizes above 1."""
+        return 2 * self.settings.runoff_rounds * w.waves if w.batch_size > 1 else 0
 
     # -- running ------------------------------------------------------------------------------
 
@@ -279,7 +289,34 @@ class Bench:
                     waves = len(w.prompts) if w.batch_size == 1 else w.waves
                 measured[key].append(run)
                 self.progress.advance(waves, f"{w.kind} B={w.batch_size} round {r + 1}/{s.rounds}")
-        return self._cell_result(w, plan, engine, measured, screened, runs)
+        runoff = self.runoff(w, plan, measured, runs) if self.runoff_waves(w) else None
+        cell, mismatches = self._cell_result(w, plan, engine, measured, screened, runs)
+        cell.runoff = runoff
+        return cell, mismatches
+
+    def runoff(self, w: Workload, plan: dict[str, ServiceConfig], measured: dict[object, list[Run]],
+               runs: dict[str, list[list[list[int]]]]) -> Runoff | None:
+        """Adaptive and the static configuration fastest over the rounds, `runoff_rounds` rounds more,
+        alternating which goes first; their outputs are checked against TMO's like every run's."""
+        statics = [label for label in plan if label != ADAPTIVE and plan[label] != plan.get(ADAPTIVE)]
+        if ADAPTIVE not in plan or not statics:
+            self.progress.lower_total(self.runoff_waves(w))
+            return None
+        speed = {label: _spread(measured[plan[label]]).median for label in statics}
+        best = max(statics, key=lambda label: speed[label])
+        adaptive_config, best_config = plan[ADAPTIVE], plan[best]
+        done: dict[ServiceConfig, list[Run]] = {adaptive_config: [], best_config: []}
+        rounds = self.settings.runoff_rounds
+        for r in range(rounds):
+            pair = (adaptive_config, best_config) if r % 2 == 0 else (best_config, adaptive_config)
+            for config in pair:
+                done[config].append(self.services(config, w.prompts, w.batch_size))
+                self.progress.advance(w.waves, f"{w.kind} B={w.batch_size} run-off {r + 1}/{rounds}")
+        runs[f"run-off {ADAPTIVE}"] = [run.outputs for run in done[adaptive_config]]
+        runs[f"run-off {best}"] = [run.outputs for run in done[best_config]]
+        adaptive_rounds = _spread(measured[adaptive_config]).median
+        return Runoff.of(best, _rates(done[adaptive_config]), _rates(done[best_config]),
+                         adaptive_rounds / speed[best] if speed[best] else 0.0)
 
     def _cell_result(self, w: Workload, plan: dict[str, ServiceConfig], engine: dict[str, ServiceConfig],
                      measured: dict[object, list[Run]], screened: list[Screened],
@@ -331,8 +368,12 @@ def _breakdown(runs: Sequence[Run]) -> Breakdown | None:
     return totals.summary()
 
 
+def _rates(runs: Sequence[Run]) -> list[float]:
+    return [tokens_per_s(r.tokens, r.seconds) for r in runs]
+
+
 def _spread(runs: Sequence[Run]) -> Spread:
-    return Spread.of([tokens_per_s(r.tokens, r.seconds) for r in runs])
+    return Spread.of(_rates(runs))
 
 
 def run_bench(pool_dir: Path, settings: BenchSettings, prompts: Sequence[Prompt], router: str | None = None,

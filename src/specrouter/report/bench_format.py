@@ -1,9 +1,10 @@
 """The bench's report as JSON, Markdown and a PNG chart.
 
-The Markdown holds five tables: speeds (rows: kind x batch; per configuration its median tokens/s and its
+The Markdown holds six tables: speeds (rows: kind x batch; per configuration its median tokens/s and its
 ratio to in-process target-only), what the services keep of SpecRouter's engine in process on the same
-chain and window, every configuration's details (chain, window, range over rounds, agreement with TMO),
-the screening, and the per-cycle breakdown of the services configurations; then the checks. The chart
+chain and window, the batched cells' run-off (adaptive against the best static configuration), every
+configuration's details (chain, window, range over rounds, agreement with TMO), the screening, and the
+per-cycle breakdown of the services configurations; then the checks. The chart
 draws, per cell, every configuration's ratio with its range over rounds.
 """
 
@@ -85,6 +86,24 @@ def kept_table(cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
+def runoff_table(cells: Sequence[Cell]) -> list[str]:
+    """Per batched cell, adaptive against the best static configuration of the rounds, in the run-off."""
+    lines = ["| kind | batch | best static of the rounds | chain | run-off rounds | adaptive tok/s | best static tok/s "
+             "| adaptive / best static | standard error | over the rounds' medians |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for c in cells:
+        r = c.runoff
+        if r is None:
+            continue
+        best = c.entry(r.best)
+        chain = _config(best, c.batch_size) if best is not None else "-"
+        lines.append(f"| {c.kind} | {c.batch_size} | {r.best} | {chain} | {len(r.adaptive.runs)} | "
+                     f"{r.adaptive.median:.1f} ({r.adaptive.low:.1f}-{r.adaptive.high:.1f}) | "
+                     f"{r.static.median:.1f} ({r.static.low:.1f}-{r.static.high:.1f}) | {r.ratio:.3f}x | "
+                     f"{_opt(r.se)} | {r.rounds_ratio:.3f}x |")
+    return lines
+
+
 def details_table(cells: Sequence[Cell]) -> list[str]:
     lines = ["| kind | batch | configuration | path | chain | median tok/s | min-max | range | ratio "
              "| agrees with TMO |",
@@ -163,6 +182,13 @@ def format_markdown(report: BenchReport) -> str:
              f"(the router's chain step over the pool's worker engines, `{engine_label('<label>')}`), on the same "
              f"prompts in the same rounds; checked at batch 1 on the multi-level chains (>= {SERVICES_KEEP_MIN}x)."
              "", "", *kept_table(report.cells), "",
+             *([] if not any(c.runoff for c in report.cells) else [
+                 "## Run-off at batch sizes above 1", "",
+                 f"After the rounds, {s.runoff_rounds} rounds of adaptive and the static configuration fastest "
+                 "over the rounds, alternating which runs first: the fastest of several configurations is picked "
+                 "for its luck in the rounds as well as its speed, and measured again it is not. Medians (range); "
+                 "the standard error is of the mean log ratio of the rounds' pairs.", "",
+                 *runoff_table(report.cells), ""]),
              "## Configurations", "", *details_table(report.cells), "",
              "## Screening (not counted)", "", *screening_table(report.cells), "",
              "## Per-cycle breakdown of the services path", "",

@@ -134,6 +134,9 @@ def bench(
     requests: int = typer.Option(8, help="Requests per kind and batch size (at least two waves, whole waves)."),
     max_new_tokens: int = typer.Option(64, help="Tokens per request."),
     rounds: int = typer.Option(3, help="Interleaved measured rounds (median and range reported)."),
+    runoff_rounds: int = typer.Option(4, help="At batch sizes above 1, rounds of adaptive and the static "
+                                              "configuration fastest over the rounds, alternating, after them "
+                                              "(the batched cells' check reads them; 0: none)."),
     windows: str = typer.Option("2,3,4,5,6", help="Draft windows the two-level screening searches."),
     three_level_window: int = typer.Option(4, help="Draft window of the three-level chain."),
     lookup_window: int = typer.Option(8, help="Draft window of the lookup chain (lookup -> target)."),
@@ -163,6 +166,8 @@ def bench(
     setup_logging(verbose)
     if min(requests, max_new_tokens, rounds) < 1:
         fail("INVALID_ARGUMENT", "--requests, --max-new-tokens and --rounds must be >= 1")
+    if runoff_rounds < 0:
+        fail("INVALID_ARGUMENT", f"--runoff-rounds must be >= 0 (0: no run-off), got {runoff_rounds}")
     if models_in_router and router:
         fail("INVALID_ARGUMENT", "--models-in-router applies when the bench starts its own services; with "
                                  "--router it starts none")
@@ -190,8 +195,8 @@ def bench(
     except (BenchError, PoolError) as exc:
         fail("INVALID_ARGUMENT", str(exc))
     settings = BenchSettings(kinds=tuple(asked), batch_sizes=tuple(sizes), requests=requests,
-                             max_new_tokens=max_new_tokens, rounds=rounds, windows=tuple(searched),
-                             three_level_window=three_level_window, lookup_window=lookup_window,
+                             max_new_tokens=max_new_tokens, rounds=rounds, runoff_rounds=runoff_rounds,
+                             windows=tuple(searched), three_level_window=three_level_window, lookup_window=lookup_window,
                              device=device, dtype=dtype, models_in_router=models_in_router)
     quiet_transformers()
     try:
