@@ -74,7 +74,7 @@ class BenchSettings:
     three_level_window: int = 4
     lookup_window: int = 8            # of the lookup chain (lookup -> target), where the router has the level
     screening_waves: int = 2          # waves of a cell the screening runs over
-    runoff_rounds: int = 4            # at batch sizes above 1: rounds of adaptive and the best static after the
+    runoff_rounds: int = 8            # at batch sizes above 1: rounds of adaptive and the best static after the
                                       # rounds, alternating (0: no run-off)
     seed: int = 1234
     device: str = "cpu"               # where the local cluster's workers and the in-process rows run

@@ -134,7 +134,7 @@ def bench(
     requests: int = typer.Option(8, help="Requests per kind and batch size (at least two waves, whole waves)."),
     max_new_tokens: int = typer.Option(64, help="Tokens per request."),
     rounds: int = typer.Option(3, help="Interleaved measured rounds (median and range reported)."),
-    runoff_rounds: int = typer.Option(4, help="At batch sizes above 1, rounds of adaptive and the static "
+    runoff_rounds: int = typer.Option(8, help="At batch sizes above 1, rounds of adaptive and the static "
                                               "configuration fastest over the rounds, alternating, after them "
                                               "(the batched cells' check reads them; 0: none)."),
     windows: str = typer.Option("2,3,4,5,6", help="Draft windows the two-level screening searches."),
