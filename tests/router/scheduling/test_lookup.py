@@ -434,3 +434,34 @@ def test_a_rows_growing_ngram_index_matches_as_a_scan_of_the_row_does() -> None:
             tokens = tokens + [rng.randrange(6) for _ in range(rng.randrange(0, 4))]
             if rng.random() < 0.05:
                 tokens = tokens[: len(tokens) // 2]
+
+
+def test_rows_that_copy_worse_than_predicted_move_the_lookups_pairs_alone() -> None:
+    """A batch standing on the lookup's chain whose rows copy far worse than predicted (text the lookup
+    copies badly) is planned with the lookup's pairs shifted down and the models' as the pool measured
+    them, so it turns to a model's chain; shifting every pair, as a model chain's shortfall does, kept it
+    on the lookup's."""
+    from specrouter.router.scheduling.candidates import chain_pairs
+    from specrouter.router.scheduling.ledger import Tally
+
+    sched = _scheduler({("a", "t"): 0.7, ("b", "t"): 0.7, (LOOKUP, "t"): 0.75}, explore_after_s=1e9, max_levels=2)
+    batch = FakeBatch(2)
+    for r in batch.rows.values():
+        r.seen[LOOKUP] = 2
+    chain, _ = sched.choose(batch)
+    assert chain == (LOOKUP, "t")
+    for r in batch.rows.values():   # 20 of 100 positions copied where 75 were predicted
+        sched.records[r] = Tally(20.0, 100.0, 75.0, 100.0)
+    chain, _ = sched.choose(batch)
+    (key,) = [k for k in sched.planner.plans if k.shift and k.greedy == 2]
+    assert key.shift < 0 and key.pairs == frozenset({(LOOKUP, "t")})
+    shifted, base = sched.planner.plans[key], sched.plan(2, 0)
+    for p in shifted.predictions:
+        before = base.by_key[(p.chain, p.window)]
+        if LOOKUP in p.chain:
+            assert p.emitted < before.emitted
+        else:
+            assert p.emitted == before.emitted and all(pair[0] != LOOKUP for pair in chain_pairs(p.chain))
+    assert chain in {("a", "t"), ("b", "t")}
+    # the same shortfall on every pair leaves the lookup's chain first
+    assert sched.plan(2, 0, common=key.shift).predictions[0].chain == (LOOKUP, "t")
