@@ -295,13 +295,11 @@ class Bench:
         return cell, mismatches
 
     def runoff(self, w: Workload, plan: dict[str, ServiceConfig], measured: dict[object, list[Run]],
-               runs: dict[str, list[list[list[int]]]]) -> Runoff | None:
-        """Adaptive and the static configuration fastest over the rounds, `runoff_rounds` rounds more,
-        alternating which goes first; their outputs are checked against TMO's like every run's."""
-        statics = [label for label in plan if label != ADAPTIVE and plan[label] != plan.get(ADAPTIVE)]
-        if ADAPTIVE not in plan or not statics:
-            self.progress.lower_total(self.runoff_waves(w))
-            return None
+               runs: dict[str, list[list[list[int]]]]) -> Runoff:
+        """Adaptive and the static configuration fastest over the rounds (`plan` has both: target-only at
+        least), `runoff_rounds` rounds more, alternating which goes first; their outputs are checked against
+        TMO's like every run's."""
+        statics = [label for label in plan if label != ADAPTIVE]
         speed = {label: _spread(measured[plan[label]]).median for label in statics}
         best = max(statics, key=lambda label: speed[label])
         adaptive_config, best_config = plan[ADAPTIVE], plan[best]

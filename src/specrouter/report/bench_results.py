@@ -16,10 +16,11 @@ Everything here works on plain numbers and token ids, so it is tested without a 
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from specrouter.report.scheduler_stats import log_ratio_se
 
 # configuration labels
 TMO = "TMO"                       # target-only through the services
@@ -221,9 +222,7 @@ class Runoff:
     def of(cls, best: str, adaptive: Sequence[float], static: Sequence[float], rounds_ratio: float) -> Runoff:
         """From the run-off's tokens/s, round by round (adaptive's and the best static's of a round paired)."""
         a, b = Spread.of(adaptive), Spread.of(static)
-        logs = [math.log(x / y) for x, y in zip(adaptive, static) if x > 0 and y > 0]
-        se = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) >= 2 else None
-        return cls(best, a, b, a.median / b.median if b.median else 0.0, se, rounds_ratio)
+        return cls(best, a, b, a.median / b.median if b.median else 0.0, log_ratio_se(adaptive, static), rounds_ratio)
 
 
 @dataclass

@@ -4,7 +4,7 @@ Everything here works on plain numbers, so it is tested without a router.
 
 - `LedgerSum` / `AcceptanceTally`: the router's cycle and pair ledgers, summed over the cycles of a run.
 - `Measured`: everything one configuration measured over the passes of one workload.
-- `spearman`, `held_out_picks`, `units_rate`, `wave_ratio_se`: the statistics the comparisons rest on.
+- `spearman`, `held_out_picks`, `units_rate`, `wave_ratio_se`, `log_ratio_se`: the statistics the comparisons rest on.
 - `screening_result` / `runoff_result`: a workload's measurements as a `RunResult` and its `Runoff`.
 """
 
@@ -162,7 +162,14 @@ def wave_ratio_se(a: Sequence[Unit], b: Sequence[Unit]) -> float | None:
     """The standard error of the mean log ratio of the speeds of two configurations' waves, paired wave by
     wave ((tokens, seconds) each): about the relative standard error of the ratio of their speeds. None with
     fewer than two waves."""
-    logs = [math.log((ta / sa) / (tb / sb)) for (ta, sa), (tb, sb) in zip(a, b) if min(ta, sa, tb, sb) > 0]
+    measured = [(ta / sa, tb / sb) for (ta, sa), (tb, sb) in zip(a, b) if min(ta, sa, tb, sb) > 0]
+    return log_ratio_se([x for x, _ in measured], [y for _, y in measured])
+
+
+def log_ratio_se(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """The standard error of the mean log ratio of paired speeds (pairs with a speed of 0 left out): about
+    the relative standard error of the ratio of the two. None with fewer than two pairs."""
+    logs = [math.log(x / y) for x, y in zip(xs, ys) if x > 0 and y > 0]
     if len(logs) < 2:
         return None
     return statistics.stdev(logs) / math.sqrt(len(logs))
