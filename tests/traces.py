@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -27,6 +28,20 @@ class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self):
         self.spans: list[Span] = []
         self.lock = threading.Lock()
+
+    def settled(self, quiet_s: float, wait_s: float) -> int:
+        """The number of spans kept, once none has come for `quiet_s` seconds (at most `wait_s` seconds of
+        waiting): spans of requests that ended before it arrive in their services' next export batch."""
+        deadline = time.monotonic() + wait_s
+        with self.lock:
+            count = len(self.spans)
+        since = time.monotonic()
+        while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with self.lock:
+                if len(self.spans) != count:
+                    count, since = len(self.spans), time.monotonic()
+        return count
 
     def Export(self, request, context):
         with self.lock:

@@ -13,8 +13,13 @@ GENERATE = "/specrouter.v1.RouterService/Generate"
 
 def test_the_gateways_span_is_the_root_of_the_requests_trace(cluster, openai_client) -> None:
     receiver = cluster.traces
-    with receiver.lock:
-        before = len(receiver.spans)
+    # every earlier request of the session has ended and its spans have come (a stream a client left ends,
+    # and sends its root span, when the gateway notices): the spans after `before` are this request's
+    deadline = time.monotonic() + WAIT_S
+    in_flight = "specrouter_gateway_requests_in_flight"
+    while scrape(cluster.metrics["gateway"]).value(in_flight) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    before = receiver.settled(quiet_s=1.0, wait_s=WAIT_S)
     openai_client.completions.create(model=TARGET, prompt="def trace(x):", max_tokens=4, temperature=0)
     deadline = time.monotonic() + WAIT_S
     while True:   # spans arrive in batches from each service
