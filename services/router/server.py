@@ -35,6 +35,7 @@ from specrouter.contract.measures import Mode
 from specrouter.router.scheduling.scheduler import Scheduler
 from specrouter.router.requests import InvalidRequest, RequestParser, parse_chain
 from specrouter.router.settings import RouterSettings
+from specrouter.router.workers import computes_on_this_hosts_cpu
 from specrouter.v1 import router_pb2 as pb
 from specrouter.v1 import router_pb2_grpc
 
@@ -129,7 +130,11 @@ class Router:
         self.replicas.start()
         self.reporter.start()
         self.metrics.start()
-        self.scheduler.start(models_here=self.settings.models_in_process)
+        # the models' passes run on this machine's cores where the router holds them or a worker on the CPU
+        # answers on this host: a planning thread there would run beside the passes
+        here = self.settings.models_in_process or any(
+            computes_on_this_hosts_cpu(self.replicas.reference(m)) for m in self.replicas.models)
+        self.scheduler.start(passes_here=here)
         self.batcher.start()
 
     def close(self) -> None:

@@ -146,6 +146,12 @@ def client(router):
         yield c
 
 
+def test_a_router_over_workers_on_its_own_cpu_plans_between_their_passes(router) -> None:
+    """Its workers answer on this machine and compute on its CPU: a planner thread would run beside their
+    passes on the same cores, so the scheduler plans on the cycle's thread instead."""
+    assert router[0].scheduler.planner.thread is None
+
+
 def refusal(client: Client, stream: bool, prompt: str, **params) -> SpecRouterError:
     with pytest.raises(SpecRouterError) as err:
         if stream:

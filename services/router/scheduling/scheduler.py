@@ -119,14 +119,16 @@ class Scheduler:
         """Time spent planning, all threads."""
         return self.planner.planning_ns
 
-    def start(self, models_here: bool = False) -> None:
+    def start(self, passes_here: bool = False) -> None:
         """Starts the background planner, unless planning stays on the cycle's thread: where the settings
-        say so, or, by default, where the models' passes run in this process (`models_here`). There a
-        planning thread takes the interpreter lock from the thread that drives the passes between their
-        operations, and every pass runs slower (docs/scheduler.md); inline, a decision that finds its plan
-        stale remakes it."""
+        say so, or, by default, where the models' passes run on this machine's cores (`passes_here`: the
+        router holds the models, or a worker on the CPU answers on this host). A planning thread there runs
+        beside the passes. In this process it takes the interpreter lock from the thread that drives them,
+        between their operations; beside a worker it takes a core from the worker's OpenMP team, whose
+        every operation then waits for the thread that lost its core (docs/scheduler.md). Inline, a decision
+        that finds its plan stale remakes it, between the passes."""
         thread = self.settings.planner_thread
-        if thread if thread is not None else not models_here:
+        if thread if thread is not None else not passes_here:
             self.planner.start()
 
     def close(self) -> None:

@@ -31,18 +31,18 @@ def test_plans_are_refreshed_inline_when_the_planner_has_stopped() -> None:
     assert sched.choose(FakeBatch(1)) == (("t",), 0)
 
 
-@pytest.mark.parametrize("setting, models_here, thread", [
+@pytest.mark.parametrize("setting, passes_here, thread", [
     (None, False, True), (None, True, False), (True, True, True), (False, False, False)])
-def test_planning_stays_on_the_cycles_thread_where_the_models_run_in_the_router(setting, models_here,
-                                                                               thread) -> None:
-    """By default a planner thread runs where the models' passes run in worker processes, and none where the
-    router drives them itself (a planning thread takes the interpreter lock from the passes); the setting
-    overrides either way. Without the thread, a decision that finds its plan stale remakes it."""
+def test_planning_stays_on_the_cycles_thread_where_the_models_run_on_the_routers_cores(setting, passes_here,
+                                                                                     thread) -> None:
+    """By default a planner thread runs where the models' passes run elsewhere, and none where they run on
+    the router's cores (in the router, or in workers on its machine's CPU: a planning thread beside them
+    slows them); the setting overrides either way. Without the thread, a decision that finds its plan stale remakes it."""
     clock = Clock()
     pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
     sched, holder = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=0.01,
                          planner_thread=setting)
-    sched.start(models_here=models_here)
+    sched.start(passes_here=passes_here)
     try:
         assert (sched.planner.thread is not None) == thread
         assert sched.choose(FakeBatch(1))[0] == ("a", "t")
