@@ -29,18 +29,22 @@ class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.spans: list[Span] = []
         self.lock = threading.Lock()
 
-    def settled(self, quiet_s: float, wait_s: float) -> int:
-        """The number of spans kept, once none has come for `quiet_s` seconds (at most `wait_s` seconds of
-        waiting): spans of requests that ended before it arrive in their services' next export batch."""
+    def settled(self, service: str, quiet_s: float, wait_s: float) -> int:
+        """The number of spans kept, once `service` has sent none for `quiet_s` seconds (at most `wait_s`
+        seconds of waiting): the spans of its requests that ended before come in its next export batch.
+        (Other services send spans all the time: the router's profiler snapshots, every second.)"""
+        def sent() -> tuple[int, int]:
+            with self.lock:
+                return len(self.spans), sum(s.service == service for s in self.spans)
+
         deadline = time.monotonic() + wait_s
-        with self.lock:
-            count = len(self.spans)
+        count, of_service = sent()
         since = time.monotonic()
         while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
             time.sleep(0.05)
-            with self.lock:
-                if len(self.spans) != count:
-                    count, since = len(self.spans), time.monotonic()
+            count, now = sent()
+            if now != of_service:
+                of_service, since = now, time.monotonic()
         return count
 
     def Export(self, request, context):

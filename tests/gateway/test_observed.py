@@ -19,7 +19,7 @@ def test_the_gateways_span_is_the_root_of_the_requests_trace(cluster, openai_cli
     in_flight = "specrouter_gateway_requests_in_flight"
     while scrape(cluster.metrics["gateway"]).value(in_flight) and time.monotonic() < deadline:
         time.sleep(0.1)
-    before = receiver.settled(quiet_s=1.0, wait_s=WAIT_S)
+    before = receiver.settled("specrouter-gateway", quiet_s=1.0, wait_s=WAIT_S)
     openai_client.completions.create(model=TARGET, prompt="def trace(x):", max_tokens=4, temperature=0)
     deadline = time.monotonic() + WAIT_S
     while True:   # spans arrive in batches from each service
