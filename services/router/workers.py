@@ -40,9 +40,7 @@ LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1", "unix:")
 
 
 def computes_on_this_hosts_cpu(worker: Worker) -> bool:
-    """Whether a worker's passes run on the cores of the router's own machine: a worker on the CPU that
-    answers at a loopback address or a Unix socket (an engine in this process counts as local: its address
-    is no network address)."""
-    address = getattr(worker, "address", "") or ""
-    local = not getattr(worker, "remote", False) or address.startswith(LOOPBACK_HOSTS)
+    """Whether a worker's passes run on the cores of the router's own machine: a worker on the CPU in this
+    process, or one that answers at a loopback address or a Unix socket."""
+    local = not worker.remote or worker.address.startswith(LOOPBACK_HOSTS)
     return local and worker.info.device == "cpu"

@@ -37,7 +37,8 @@ def test_planning_stays_on_the_cycles_thread_where_the_models_run_on_the_routers
                                                                                      thread) -> None:
     """By default a planner thread runs where the models' passes run elsewhere, and none where they run on
     the router's cores (in the router, or in workers on its machine's CPU: a planning thread beside them
-    slows them); the setting overrides either way. Without the thread, a decision that finds its plan stale remakes it."""
+    slows them); the setting overrides either way. Without the thread, a decision that finds its plan stale
+    remakes it."""
     clock = Clock()
     pairs = [("a", "t"), ("b", "t"), ("a", "b"), ("b", "a")]
     sched, holder = make({pair: 0.9 for pair in pairs}, clock, explore_after_s=1e9, recompute_s=0.01,
