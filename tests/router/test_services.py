@@ -24,6 +24,7 @@ from specrouter.v1 import profiler_pb2, profiler_pb2_grpc, router_pb2, router_pb
 from specrouter.contract.calls import SamplingParams
 from specrouter.router.chain import TARGET_ONLY_BLOCK
 from specrouter.router.lookup import LOOKUP
+from specrouter.report.scheduler_report import format_report
 from specrouter.router.scheduling.settings import SchedulerSettings
 from tests.conftest import DEMO_POOL
 from tests.router.load import other_requests
@@ -486,6 +487,8 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
     assert report["acceptance"] and all({"pair", "predicted", "realized"} <= set(a) for a in report["acceptance"])
     assert set(report["checks"]) >= {"adaptive_within_5pct_of_best_static", "acceptance_within_0.05"}
     assert "%]" in out.stderr or "min left" in out.stderr   # progress, one line per run
+    assert report["machine"].startswith("CPU ") and "torch " in report["machine"]   # the machine it ran on
+    assert format_report(report).splitlines()[0] == report["machine"]
     png = (tmp_path / "report" / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     assert json.loads((tmp_path / "report" / "report.json").read_text()) == report

@@ -1,4 +1,4 @@
-"""The scheduler report as text: one block per run, then acceptance, decision costs, rank correlation, checks.
+"""The scheduler report as text: the machine, one block per run, then acceptance, decision costs, rank correlation, checks.
 
 A run's block gives target-only, the best static and adaptive of the screening, then the run-off (where
 the time went, adaptive wave by wave, planning, adaptive's choices), the held-out best static, adaptive's
@@ -18,7 +18,7 @@ def format_report(report: Report | dict) -> str:
     """The report (a record, or its JSON as `report.json` holds it) as text."""
     if not isinstance(report, Report):
         report = Report.from_json(report)
-    lines = []
+    lines = [report.machine] if report.machine else []
     for r in report.runs:
         lines += _run_lines(r)
     lines.append("acceptance (adaptive cycles): pair, mode, predicted, realized, checks")

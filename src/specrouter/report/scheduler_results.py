@@ -293,6 +293,7 @@ class Report:
     calibration: list[Calibration]
     settings: SettingsRecord
     checks: dict[str, bool | None]      # None: nothing to judge (not run)
+    machine: str = ""                   # report.machine.machine_line() of the machine that ran the report
 
     @classmethod
     def from_json(cls, data: dict) -> Report:

@@ -17,6 +17,7 @@ import grpc
 
 from specrouter.client import Client
 from specrouter.report.inflight import in_flight
+from specrouter.report.machine import machine_line
 from specrouter.report.scheduler_checks import checks
 from specrouter.report.scheduler_results import (Calibration, Config, Decision, Report, Runoff, RunResult,
                                                  SettingsRecord, is_switching, switching_kind, to_json)
@@ -268,7 +269,7 @@ class SchedulerReport:
                       decision=_decision(self.first, final, elapsed_ms),
                       calibration=[Calibration(c.mode, c.intercept, c.slope, c.pairs) for c in final.calibration],
                       settings=s.record(self.models, self.target),
-                      checks=checks([r.outcome() for r in runs], acceptance))
+                      checks=checks([r.outcome() for r in runs], acceptance), machine=machine_line())
 
     def run(self, prompts: Sequence[Prompt]) -> dict:
         """The report as `report.json` holds it."""
