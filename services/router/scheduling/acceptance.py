@@ -49,6 +49,7 @@ from specrouter.router.scheduling.snapshot import Snapshot
 
 CALIBRATION_WEIGHT_CAP = 256  # checks beyond which a pair weighs no more in the calibration
 CALIBRATION_SLOPE_SPREAD = 0.1  # the calibration's slope is shrunk towards 1 over this much similarity
+CALIBRATION_PRIOR_CHECKS = 16.0  # the calibration's level is shrunk towards the identity by this many checks
 
 
 def logit(p: float) -> float:
@@ -79,16 +80,21 @@ class Calibration:
         """From (similarity, acceptance, weight) of observed pairs: weighted least squares with the slope
         shrunk towards 1 (Leviathan et al.: under sampling the acceptance of a token is exactly 1 - TV),
         as if two more pairs of full weight sat on the slope-1 line through the points' weighted mean,
-        `CALIBRATION_SLOPE_SPREAD` of similarity either side of it. With no pair, the identity; with one,
-        the identity shifted through it; the line follows the points' own slope once their similarities
-        spread wider than that. A pool's pairs are often alike in similarity, and a second pair seen in a
-        single lucky cycle (all of its drafts accepted, a little more similar) fits a steep slope alone,
-        which puts every less measured pair at acceptance 1."""
+        `CALIBRATION_SLOPE_SPREAD` of similarity either side of it, and its level shrunk towards the
+        identity, as if `CALIBRATION_PRIOR_CHECKS` checks sat on it at the points' mean similarity. With
+        no pair, the identity; with one, the identity shifted towards it by its weight; the line follows
+        the points' own slope once their similarities spread wider than that. A pool's pairs are often
+        alike in similarity, and a second pair seen in a single lucky cycle (all of its drafts accepted, a
+        little more similar) fits a steep slope alone, which puts every less measured pair at acceptance 1;
+        a first pair seen in a single lucky cycle (the first request's few drafts all accepted, a tenth of
+        a check in the pool's recent reports), taken at its word, put every pair at acceptance 1 until
+        more were measured: at batch 4 a plan of that snapshot priced 1m -> 29m at W6 at 7 tokens a row
+        a cycle, which emitted 4."""
         if not points:
             return cls()
         w = sum(p[2] for p in points)
         mx = sum(x * wt for x, _, wt in points) / w
-        my = sum(y * wt for _, y, wt in points) / w
+        my = (sum(y * wt for _, y, wt in points) + CALIBRATION_PRIOR_CHECKS * mx) / (w + CALIBRATION_PRIOR_CHECKS)
         prior = 2 * CALIBRATION_WEIGHT_CAP * CALIBRATION_SLOPE_SPREAD**2   # the two pairs' sum of squares
         sxx = sum(wt * (x - mx) ** 2 for x, _, wt in points) + prior
         sxy = sum(wt * (x - mx) * (y - my) for x, y, wt in points) + prior

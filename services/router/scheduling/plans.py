@@ -275,8 +275,12 @@ class Planner:
         serves, and for several rows one whose rows' match lengths differ by at most half the rows in sum;
         and while planning on the cycle's path has taken more than `inline_planning_share` of the router's
         time lately, a stale plan stands and the nearest plan of the composition serves whatever its
-        distance (at batch 4 with the models in the router, plans for the rows' new shifts and mixes and
-        for each new snapshot took 1.0-1.4 ms of a 20-22 ms cycle)."""
+        matches and within `over_budget_reach` steps of shift (at batch 4 with the models in the router,
+        plans for the rows' new shifts and mixes and for each new snapshot took 1.0-1.4 ms of a 20-22 ms
+        cycle), each while it may serve (`_servable`). Past that, a plan is made whatever the budget: at
+        batch 4 through workers, planning stayed past the budget for whole runs, and prose rows were
+        priced at plans of the tables' shifts six steps above theirs, or at plans of the first request's
+        snapshot, and ran drafts that emitted half of what the plan promised."""
         if pairs is None:   # every pair moved by common + shift steps: one plan whichever part moves it
             common, shift = common + shift, 0
         key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None,
@@ -285,7 +289,7 @@ class Planner:
         plan = self.plans.get(key)
         planner_running = self.thread is not None and self.thread.is_alive()
         over_budget = not planner_running and self.inline_share(now) > self.settings.inline_planning_share
-        if plan is not None and planner_running and not self._servable(plan, now):
+        if plan is not None and (planner_running or over_budget) and not self._servable(plan, now):
             plan = None
         # a batch's mix of matches changes nearly every cycle, and its decision stands over several mixes
         # anyway (`Scheduler._standing`): with the planner thread, the nearest mix serves until the thread
@@ -293,13 +297,14 @@ class Planner:
         # rows in sum (made inline, each new mix cost a decision 2-4 ms at batch 4)
         mixes = sum(key.composition) > 1 and match is not None
         if plan is None and (shift or common or mixes or over_budget):
-            # how far (in shift steps, in match lengths) a stand-in may be: past the inline budget, any plan of
-            # the composition; with the planner thread, any shift and any mix until the thread has made this
-            # one; without it, a servable plan one step away and a mix within half the rows (each plan made on
-            # the cycle's path costs the cycle a few ms, and rows' shifts differ by a step from request to
-            # request and move a step now and then). A lone row's match is never stood in for below the budget.
+            # how far (in shift steps, in match lengths) a stand-in may be: past the inline budget, any mix
+            # within `over_budget_reach` steps; with the planner thread, any shift and any mix until the
+            # thread has made this one; without it, a servable plan one step away and a mix within half the
+            # rows (each plan made on the cycle's path costs the cycle a few ms, and rows' shifts differ by a
+            # step from request to request and move a step now and then). A lone row's match is never stood
+            # in for below the budget.
             if over_budget:
-                reach = match_reach = math.inf
+                reach, match_reach = self.settings.over_budget_reach, math.inf
             elif planner_running:
                 reach, match_reach = math.inf, math.inf if mixes else 0
             else:
@@ -307,7 +312,7 @@ class Planner:
             near = [(d, k) for k, p in self.plans.items()
                     if k.composition == key.composition and k.pairs in (key.pairs, None)
                     and (d := (match_distance(k.match, match), abs(k.common - common) + abs(k.shift - shift)))[0]
-                    <= match_reach and d[1] <= reach and (over_budget or self._servable(p, now))]
+                    <= match_reach and d[1] <= reach and self._servable(p, now)]
             if near:   # the nearest by matches, then by shift
                 self.counts["stand_ins"] += 1
                 self._wake.set()

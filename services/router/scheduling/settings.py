@@ -29,6 +29,8 @@ class SchedulerSettings(BaseModel):
                                         # about the last second), a decision takes the nearest plan of its
                                         # batch's composition and a stale plan stands, until the share falls
                                         # back (0: plan inline only what has no plan of its composition)
+    over_budget_reach: int = Field(2, ge=0)   # ... a plan at most this many shift steps away (of prompt and
+                                        # record, in sum); a shift farther from every plan is planned anyway
     planner_nice: int = Field(10, ge=0, le=19)   # niceness of the planner thread (Linux): it plans in the
                                         # cores' idle time, not in the workers' (0: as the router)
     decision_cycles: int = Field(4, ge=1)   # a batch's decision stands for up to this many cycles while its

@@ -261,10 +261,11 @@ def test_plans_apart_by_a_records_shift_share_the_chains_it_does_not_move() -> N
 
 
 def test_without_a_planner_thread_plans_past_the_inline_budget_give_way_to_the_nearest() -> None:
-    """Where the router holds the models, every plan is made on the cycle's path. While those plans have
-    taken more than `inline_planning_share` of the router's time lately, a new shift is served by the
-    nearest plan of its composition however far, and a stale plan stands; once the share has faded below
-    it, plans are made again."""
+    """Where no planner thread runs, every plan is made on the cycle's path. While those plans have taken
+    more than `inline_planning_share` of the router's time lately, a new shift is served by the nearest
+    plan of its composition within `over_budget_reach` steps (a farther one is made), and a stale plan
+    stands while it may serve (`plan_max_age_s`); once the share has faded below it, plans are made
+    again."""
     clock = Clock()
     sched, holder = make({("a", "t"): 0.7, ("b", "t"): 0.75, ("a", "b"): 0.8}, clock, explore_after_s=1e9,
                          recompute_s=0.01, inline_planning_share=0.02)
@@ -277,17 +278,24 @@ def test_without_a_planner_thread_plans_past_the_inline_budget_give_way_to_the_n
     sched.planner._predict_chain = slow
     first = sched.plan(1, 0)
     assert sched.planner.inline_share(clock.now) == pytest.approx(0.04)
-    assert sched.plan(1, 0, common=3) is first and sched.counts["stand_ins"] == 1   # 3 steps away: served
+    assert sched.settings.over_budget_reach == 2
+    assert sched.plan(1, 0, common=2) is first and sched.counts["stand_ins"] == 1   # 2 steps away: served
+    far = sched.plan(1, 0, common=-3)   # 3 steps away: a plan of another text's shift would mislead, made
+    assert far is not first and sched.counts["plans"] == 2 and sched.counts["stand_ins"] == 1
+    assert sched.plan(1, 0, common=-2) is far and sched.counts["stand_ins"] == 2   # the nearest serves
     holder["snapshot"] = snapshot({("a", "t"): 0.5, ("b", "t"): 0.75, ("a", "b"): 0.8})
-    clock.now += 0.3   # stale, and the share (0.04 e^-0.3 = 0.030) still past the budget: it stands
-    assert sched.plan(1, 0) is first and sched.counts["plans"] == 1
-    clock.now += 2.0   # the share has faded (0.004): the new shift is planned, then the stale plan waits again
+    clock.now += 0.3   # stale, and the share still past the budget: it stands
+    assert sched.planner.inline_share(clock.now) > sched.settings.inline_planning_share
+    assert sched.plan(1, 0) is first and sched.counts["plans"] == 2
+    clock.now += 2.0   # the share has faded: the new shift is planned
+    assert sched.planner.inline_share(clock.now) < sched.settings.inline_planning_share
     shifted = sched.plan(1, 0, common=3)
-    assert shifted is not first and sched.counts["plans"] == 2 and sched.counts["stand_ins"] == 1
-    assert sched.plan(1, 0) is first
-    clock.now += 2.0
+    assert shifted is not first and sched.counts["plans"] == 3 and sched.counts["stand_ins"] == 2
+    # past the budget again, but the stale plan, of a replaced snapshot and older than plan_max_age_s, may
+    # serve no longer: it is remade (a plan of the first requests' snapshot stood for a run of another text)
+    assert sched.planner.inline_share(clock.now) > sched.settings.inline_planning_share
     remade = sched.plan(1, 0)
-    assert remade is not first and remade.version > first.version and sched.counts["plans"] == 3
+    assert remade is not first and remade.version > first.version and sched.counts["plans"] == 4
     # with the budget at 1 (every plan made whatever it costs) nothing stands in
     sched.settings.inline_planning_share = 1.0
-    assert sched.plan(1, 0, common=-5) is not remade and sched.counts["stand_ins"] == 1
+    assert sched.plan(1, 0, common=-5) is not remade and sched.counts["stand_ins"] == 2
