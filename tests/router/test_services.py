@@ -477,7 +477,8 @@ def test_scheduler_report_runs_against_a_router(cluster, tmp_path) -> None:
         assert len(waves) == passes * run["requests"] // run["batch_size"]
         assert [w["wave"] for w in waves] == list(range(run["requests"] // run["batch_size"])) * passes
         assert sum(c["cycles"] for w in waves for c in w["choices"].values()) == sum(c["cycles"] for c in chosen.values())
-        assert all(w["tokens_per_s"] > 0 and len(w["statics_tokens_per_s"]) == 1 for w in waves)
+        # beside target-only and the screening's fastest static
+        assert all(w["tokens_per_s"] > 0 and len(w["statics_tokens_per_s"]) == 2 for w in waves)
         for x in runoff["static"]:
             label = ",".join(x["chain"]) + (f" W{x['window']}" if len(x["chain"]) > 1 else "")
             assert x["cycles_by_rows"] and {c["config"] for c in x["cycles_by_rows"]} == {label}
