@@ -116,33 +116,18 @@ class RecentReports:
     checked it) in each snapshot's growth of its count, decayed by e^(-1/`cycles`) per report of the
     pool (reports at position 0 over every pair: about one per cycle of each running batch), over the
     same count of the pool's most reported pair at position 0. It fades only while the pool runs on
-    without the pair, not while nothing runs. A position seen for the first time counts whole.
+    without the pair, not while nothing runs. A position seen for the first time counts whole."""
 
-    The pairs of a level that runs no model (`free`: the lookup, and its pairs per match length) keep a
-    clock of their own: the lookup's proposals are judged in every cycle, run or not (`CycleReport.shadow`),
-    several pairs of them at once, so on the pool's one clock a model pair faded while only the target
-    ran: at batch 4 on code, 1m -> 29m's measurements weighed 6 checks, then 0.8, then none within a few
-    seconds of the target alone, its estimate fell back to its prior (0.72 against 0.80-0.86 measured),
-    and the target alone, predicted faster than the drafts at that rate, ran on for whole requests."""
-
-    def __init__(self, cycles: float, free: Iterable[str] = ()):
+    def __init__(self, cycles: float):
         self.cycles = cycles
-        self.free = frozenset(free)
-        self._seen: dict[tuple[Pair, int], tuple[int, float, int]] = {}   # -> (samples, count, its clock)
+        self._seen: dict[tuple[Pair, int], tuple[int, float, int]] = {}   # -> (samples, count, pool clock)
         self._lock = threading.Lock()
 
-    def _free(self, drafter: str) -> bool:
-        return level_of(drafter) in self.free
-
     def update(self, snapshot: Snapshot) -> None:
-        clocks = {False: 0, True: 0}   # per kind of drafter (a model, a free level): reports at position 0
-        for a in snapshot.acceptance:
-            if a.position == 0:
-                clocks[self._free(a.drafter)] += a.samples
+        clock = sum(a.samples for a in snapshot.acceptance if a.position == 0)
         with self._lock:
             for a in snapshot.acceptance:
                 key = ((a.drafter, a.verifier, a.mode), a.position)
-                clock = clocks[self._free(a.drafter)]
                 old = self._seen.get(key)
                 if old is None or a.samples < old[0] or clock < old[2]:   # new, or the store was reset
                     count = float(a.samples)
@@ -152,19 +137,10 @@ class RecentReports:
                 self._seen[key] = (a.samples, count, clock)
 
     def shares(self) -> dict[tuple[Pair, int], float]:
-        """(pair, position) -> its recent reports over the most reported pair's of its kind (drafted by a
-        model, by a free level) at position 0, in [0, 1]."""
+        """(pair, position) -> its recent reports over the most reported pair's at position 0, in [0, 1]."""
         with self._lock:
-            top = {False: 0.0, True: 0.0}
-            for ((drafter, _, _), pos), (_, c, _) in self._seen.items():
-                if pos == 0:
-                    kind = self._free(drafter)
-                    top[kind] = max(top[kind], c)
-            out = {}
-            for key, (_, count, _) in self._seen.items():
-                t = top[self._free(key[0][0])]
-                out[key] = min(1.0, count / t) if t > 0 else 0.0
-            return out
+            top = max((c for (_, pos), (_, c, _) in self._seen.items() if pos == 0), default=0.0)
+            return {key: min(1.0, count / top) if top > 0 else 0.0 for key, (_, count, _) in self._seen.items()}
 
 
 class AcceptanceEstimates:

@@ -106,7 +106,7 @@ class Scheduler:
         self.prompts = PromptAgreement(self.pairs, s)
         self.records = RowRecords(s)
         self.freshness = PairFreshness()
-        self._recent = RecentReports(s.recent_cycles, self.levels)
+        self._recent = RecentReports(s.recent_cycles)
         self._shares: dict[tuple[Pair, int], float] = {}
         self.ledgers = Ledgers()
         self.planner = Planner(self.chains, s, snapshot, self._note_snapshot, self._estimates, warmup or {},

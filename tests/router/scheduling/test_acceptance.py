@@ -126,30 +126,6 @@ def test_a_pair_the_pool_stopped_running_falls_back_to_its_prior() -> None:
     # the same snapshot without the pool's recent history: b -> t keeps its old rate
     lone = AcceptanceEstimates(after, offline, prior_weight=16)
     assert lone.rates(("b", "t", Mode.GREEDY), 1) == pytest.approx([0.9], abs=0.02)
-
-
-def test_a_model_pair_does_not_fade_while_only_the_lookup_is_judged() -> None:
-    """The lookup's proposals are judged in every cycle, run or not, and per match length too: on the
-    pool's one clock, a model pair faded while the target ran alone. The free level's pairs keep a clock
-    of their own: a -> t keeps its weight over 500 cycles of the target alone (three lookup pairs judged
-    in each), and the lookup's pairs still fade against each other."""
-    before = _pairs_snapshot({("a", "t"): (0.8, 400), ("lookup", "t"): (0.5, 400), ("lookup@2", "t"): (0.6, 400),
-                              ("lookup@0", "t"): (0.1, 10)})
-    after = _pairs_snapshot({("a", "t"): (0.8, 400), ("lookup", "t"): (0.5, 900), ("lookup@2", "t"): (0.6, 400),
-                             ("lookup@0", "t"): (0.1, 510)})
-    recent = RecentReports(cycles=50, free=("lookup",))
-    recent.update(before)
-    recent.update(after)
-    shares = recent.shares()
-    assert shares[(("a", "t", Mode.GREEDY), 0)] == 1.0   # the only model pair, not run since: unfaded
-    assert shares[(("lookup", "t", Mode.GREEDY), 0)] == 1.0
-    faded = 400 * math.exp(-1000 / 50)   # lookup@2's reports, 1000 reports of the lookup's pairs later
-    assert shares[(("lookup@2", "t", Mode.GREEDY), 0)] == pytest.approx(faded / (400 * math.exp(-1000 / 50) + 500))
-    # on one clock (no free levels named), a -> t fades with the lookup's judging
-    one = RecentReports(cycles=50)
-    one.update(before)
-    one.update(after)
-    assert one.shares()[(("a", "t", Mode.GREEDY), 0)] < 1e-6
     # the pool idle: the same totals again fade nothing
     recent.update(after)
     assert recent.shares() == pytest.approx(shares)
