@@ -86,10 +86,10 @@ class Calibration:
         the points' own slope once their similarities spread wider than that. A pool's pairs are often
         alike in similarity, and a second pair seen in a single lucky cycle (all of its drafts accepted, a
         little more similar) fits a steep slope alone, which puts every less measured pair at acceptance 1;
-        a first pair seen in a single lucky cycle (the first request's few drafts all accepted, a tenth of
-        a check in the pool's recent reports), taken at its word, put every pair at acceptance 1 until
-        more were measured: at batch 4 a plan of that snapshot priced 1m -> 29m at W6 at 7 tokens a row
-        a cycle, which emitted 4."""
+        and a first pair seen in a single lucky cycle (the first request's few drafts all accepted, a
+        tenth of a check in the pool's recent reports), taken at its word, puts every pair at acceptance 1
+        until more are measured (at batch 4 a plan of such a snapshot priced 1m -> 29m at W6 at 7 tokens a
+        row a cycle, where 4 came out)."""
         if not points:
             return cls()
         w = sum(p[2] for p in points)

@@ -277,10 +277,10 @@ class Planner:
         time lately, a stale plan stands and the nearest plan of the composition serves whatever its
         matches and within `over_budget_reach` steps of shift (at batch 4 with the models in the router,
         plans for the rows' new shifts and mixes and for each new snapshot took 1.0-1.4 ms of a 20-22 ms
-        cycle), each while it may serve (`_servable`). Past that, a plan is made whatever the budget: at
-        batch 4 through workers, planning stayed past the budget for whole runs, and prose rows were
-        priced at plans of the tables' shifts six steps above theirs, or at plans of the first request's
-        snapshot, and ran drafts that emitted half of what the plan promised."""
+        cycle), each while it may serve (`_servable`). Past that, a plan is made whatever the budget:
+        planning can stay past the budget for whole runs (at batch 4 through workers on the router's CPU),
+        and a plan of another text's shift, or of a snapshot long replaced, prices drafts at twice what
+        they emit (prose rows six steps below the tables' plans)."""
         if pairs is None:   # every pair moved by common + shift steps: one plan whichever part moves it
             common, shift = common + shift, 0
         key = PlanKey(*composition(greedy_rows, sampling_rows, coupled_rows), common, shift, pairs if shift else None,

@@ -1,4 +1,5 @@
-"""The scheduler report as text: the machine, one block per run, then acceptance, decision costs, rank correlation, checks.
+"""The scheduler report as text: the machine, one block per run, then acceptance, decision costs, rank
+correlation, checks.
 
 A run's block gives target-only, the best static and adaptive of the screening, then the run-off (where
 the time went, adaptive wave by wave, planning, adaptive's choices), the held-out best static, adaptive's

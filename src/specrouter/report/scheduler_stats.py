@@ -201,10 +201,9 @@ def choices(per_config: Mapping[str, LedgerSum]) -> dict[str, Choice]:
 
 def wave_table(adaptive: Measured, statics: Sequence[Measured], per_pass: int) -> list[Wave]:
     """Adaptive wave by wave beside the statics' (every wave of every pass, in order: `wave` is its index
-    in the pass): where it won and lost, and what it chose there. Target-only is among the statics: it is
-    the best static where drafting does not pay, and a wave's best static left without it (prose at batch
-    4) showed adaptive 1.12-1.47x the fastest static in waves where it ran the target alone as target-only
-    did."""
+    in the pass): where it won and lost, and what it chose there. Target-only is among the statics: where
+    drafting does not pay it is the best static, and without it adaptive would read well ahead in waves
+    where it runs exactly what target-only runs."""
     return [Wave(i % per_pass, tokens / seconds, [s.waves[i][0] / s.waves[i][1] for s in statics if len(s.waves) > i],
                  choices(chosen))
             for i, ((tokens, seconds), chosen) in enumerate(zip(adaptive.waves, adaptive.wave_choices))]

@@ -47,7 +47,8 @@ def test_a_lightly_measured_pair_does_not_tilt_the_calibration() -> None:
 def test_calibration_recovers_a_line_and_starts_as_the_identity() -> None:
     assert Calibration.fit([])(0.7) == pytest.approx(0.7)
     # one pair: the identity shifted towards it by its weight against CALIBRATION_PRIOR_CHECKS
-    assert Calibration.fit([(0.5, 0.6, 256.0)])(0.7) == pytest.approx(0.7 + 0.1 * 256 / (256 + CALIBRATION_PRIOR_CHECKS))
+    pulled = 0.1 * 256 / (256 + CALIBRATION_PRIOR_CHECKS)
+    assert Calibration.fit([(0.5, 0.6, 256.0)])(0.7) == pytest.approx(0.7 + pulled)
     # the first request's few drafts, all accepted, a tenth of a check in the pool's recent reports: not
     # every pair at acceptance 1
     assert Calibration.fit([(0.6, 1.0, 0.1)])(0.6) == pytest.approx(0.6, abs=0.005)
